@@ -1,0 +1,150 @@
+"""distnb's exceptions, one tree::
+
+    DistnbError
+    ├── ConfigError (ValueError)     a bad argument; the message says the fix
+    ├── SessionError                 no session, one already running, a cluster that failed to start
+    └── RankError                    a cell failed on one or more ranks
+        ├── RankTimeoutError         the cell ran past its timeout; carries the hang report
+        ├── RankDiedError            a rank's process exited while running a cell
+        └── CollectiveError          the checked runtime stopped a collective before data moved
+            ├── CollectiveMismatchError   ranks called incompatible collectives
+            └── CollectiveDesyncError     a rank never arrived at a collective its peers wait at
+
+    DistnbWarning (UserWarning)
+
+`RankError` renders in IPython as each failing rank's traceback, with identical errors collapsed
+("ranks 0-3: ValueError ...") and at most `TRACEBACK_LIMIT` full tracebacks; every failure stays
+on `err.failures`. The same classes are raised on ranks by the checked runtime and re-raised in the
+kernel, so `except distnb.errors.CollectiveMismatchError` works on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from distnb.records.cell import RankFailure, RankReport
+
+__all__ = [
+    "CollectiveDesyncError",
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "ConfigError",
+    "DistnbError",
+    "DistnbWarning",
+    "RankDiedError",
+    "RankError",
+    "RankTimeoutError",
+    "SessionError",
+    "format_ranks",
+]
+
+TRACEBACK_LIMIT = 4
+
+
+class DistnbError(Exception):
+    """Base of every error distnb raises."""
+
+
+class DistnbWarning(UserWarning):
+    """Warnings from distnb (for example fp16 headroom running low)."""
+
+
+class ConfigError(DistnbError, ValueError):
+    """A bad argument to a distnb function; the message names the value and the fix."""
+
+
+class SessionError(DistnbError):
+    """The session cannot do what was asked in its current state."""
+
+
+class RankError(DistnbError):
+    """A cell failed on one or more ranks.
+
+    `failures` holds one `RankFailure` per failing rank, in rank order.
+    """
+
+    def __init__(self, message: str, failures: Sequence[RankFailure] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.failures = tuple(sorted(failures, key=lambda f: f.rank))
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython calls this instead of printing a Python traceback of the kernel's frames."""
+        lines = [f"{type(self).__name__}: {self.message}"]
+        groups = group_failures(self.failures)
+        for i, (ranks, failure) in enumerate(groups):
+            label = format_ranks(ranks)
+            if i < TRACEBACK_LIMIT and failure.traceback:
+                lines.append("")
+                lines.append(f"[{label}] {failure.summary}")
+                lines.extend(failure.traceback.rstrip("\n").splitlines())
+            else:
+                lines.append(f"[{label}] {failure.summary}")
+        if len(groups) > TRACEBACK_LIMIT:
+            lines.append(f"... {len(groups) - TRACEBACK_LIMIT} more: see err.failures")
+        return lines
+
+
+class RankTimeoutError(RankError):
+    """The cell was still running on some ranks at its timeout.
+
+    `reports` holds one `RankReport` per rank: finished, failed or running (with its stack).
+    """
+
+    def __init__(
+        self, message: str, reports: Sequence[RankReport], failures: Sequence[RankFailure] = ()
+    ) -> None:
+        super().__init__(message, failures)
+        self.reports = tuple(reports)
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"{type(self).__name__}: {self.message}"]
+        for report in self.reports:
+            detail = f": {report.detail}" if report.detail else ""
+            lines.append(f"[rank {report.rank}] {report.state.value}{detail}")
+            lines.extend("    " + line for line in report.stack.rstrip("\n").splitlines())
+        return lines
+
+
+class RankDiedError(RankError):
+    """A rank's process exited while it ran a cell; `%dist_restart` brings the cluster back."""
+
+
+class CollectiveError(RankError):
+    """The checked runtime stopped a collective before any data moved."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Ranks called collectives that do not fit together (op, shape, dtype, root, ...)."""
+
+
+class CollectiveDesyncError(CollectiveError):
+    """A rank never arrived at a collective that its peers wait at."""
+
+
+def group_failures(
+    failures: Iterable[RankFailure],
+) -> list[tuple[list[int], RankFailure]]:
+    """Group failures whose error and traceback agree, keeping the lowest rank's copy."""
+    groups: dict[tuple[str, str, str], tuple[list[int], RankFailure]] = {}
+    for failure in sorted(failures, key=lambda f: f.rank):
+        key = (failure.ename, failure.evalue, failure.traceback)
+        groups.setdefault(key, ([], failure))[0].append(failure.rank)
+    return list(groups.values())
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """`[0, 1, 2, 5]` -> `"ranks 0-2,5"`; `[3]` -> `"rank 3"`."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for r in [*ordered[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ",".join(spans)

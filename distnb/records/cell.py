@@ -1,0 +1,63 @@
+"""Records about ranks and cells: who each rank is, how its part of a cell ended.
+
+Terms, defined once for the whole package:
+
+- **rank**: a process in the job, numbered 0..world_size-1 by distnb (ipyparallel's engine ids
+  are not ranks).
+- **cell**: one `%%allranks` execution; its number is the kernel's execution count when there is
+  one, else a counter of the session.
+- **beacon**: what a rank last said about itself through the control plane (the cell it runs,
+  the collective it waits at), readable by the kernel while the rank is blocked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """One rank of a running session, as `session.status()` lists it."""
+
+    rank: int
+    local_rank: int
+    engine_id: int
+    host: str
+    pid: int
+    device: str
+    backend: str
+
+
+class RankState(str, Enum):
+    """How a rank's part of a cell ended (or that it has not)."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    RUNNING = "running"
+    DIED = "died"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """An exception a rank raised in a cell, as text: no live objects cross processes."""
+
+    rank: int
+    ename: str
+    evalue: str
+    traceback: str
+
+    @property
+    def summary(self) -> str:
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """One rank's line in a hang report: its state and, if still running, where it is."""
+
+    rank: int
+    state: RankState
+    detail: str = ""
+    stack: str = ""
