@@ -61,3 +61,30 @@ class RankReport:
     state: RankState
     detail: str = ""
     stack: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankSpec:
+    """What the kernel tells an engine when it makes it a rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    store_host: str
+    store_port: int
+    session_id: str
+    check: bool = True
+    pg_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProbe:
+    """What an engine says about itself before it gets a rank."""
+
+    engine_id: int
+    host: str
+    pid: int
+    cuda_devices: int
+    mpi_rank: int | None = None

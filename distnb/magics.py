@@ -1,0 +1,131 @@
+"""IPython magics: argument parsing and display only; each calls one `Session` method."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from distnb.errors import ConfigError, SessionError
+from distnb.session import Options, Session
+from distnb.views.status import Status
+
+
+@magics_class
+class DistMagics(Magics):
+    """`%dist_start`, `%%allranks`, `%dist_status`, `%dist_restart`, `%dist_stop`."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.session: Session | None = None
+
+    @magic_arguments()
+    @argument("-n", type=str, default=None, help="number of ranks (default: one per GPU, else 2)")
+    @argument("--backend", default="auto", help="auto (NCCL if every rank has a GPU), gloo, nccl")
+    @argument("--timeout", type=str, default=None, help="default timeout of each cell, seconds")
+    @argument("--engines", default="local", help="ipyparallel launcher: local, mpi, slurm, ssh...")
+    @argument("--host", default="127.0.0.1", help="address the control plane listens on")
+    @argument("--no-check", action="store_true", help="turn off the checked-collective runtime")
+    @line_magic
+    def dist_start(self, line: str) -> Any:
+        """Start ranks: `%dist_start -n 2 [--backend gloo] [--timeout 60]`."""
+        args = _parse(self.dist_start, line)
+        if self.session is not None and self.session.running:
+            raise UsageError(
+                "a distnb cluster is already running: use it, or %dist_restart / %dist_stop first"
+            )
+        options = Options(
+            n=_whole(args.n, "-n") if args.n is not None else None,
+            backend=args.backend,
+            timeout=_seconds(args.timeout),
+            engines=args.engines,
+            host=args.host,
+            check=not args.no_check,
+        )
+        try:
+            self.session = Session(options)
+            return self.session.start().status()
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+    @line_magic
+    def dist_status(self, line: str) -> Any:
+        """Show each rank: host, pid, device, backend."""
+        if self.session is None:
+            return Status((), "distnb: no cluster running; start one with %dist_start")
+        return self.session.status()
+
+    @line_magic
+    def dist_stop(self, line: str) -> None:
+        """Stop the ranks and the controller."""
+        if self.session is not None:
+            self.session.stop()
+
+    @line_magic
+    def dist_restart(self, line: str) -> Any:
+        """Stop, then start again with the same arguments."""
+        if self.session is None:
+            raise UsageError("nothing to restart: start a cluster with %dist_start")
+        return self.session.restart().status()
+
+    @magic_arguments()
+    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--timeout", type=str, default=None, help="seconds before a hang report")
+    @argument("--unchecked", action="store_true", help="run without collective checks")
+    @cell_magic
+    def allranks(self, line: str, cell: str) -> None:
+        """Run the cell on every rank: `%%allranks [--ranks 0,1] [--timeout 30]`."""
+        args = _parse(self.allranks, line)
+        if self.session is None or not self.session.running:
+            raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
+        ranks = _rank_list(args.ranks) if args.ranks is not None else None
+        try:
+            self.session.run(cell, ranks=ranks, timeout=_seconds(args.timeout),
+                             check=not args.unchecked)
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+
+
+def _parse(magic: Any, line: str) -> Any:
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        name = magic.__name__
+        raise UsageError(f"{exc}\nUsage: %{name} {_usage(magic)} (see %{name}?)") from None
+
+
+def _usage(magic: Any) -> str:
+    usage = magic.parser.format_usage()
+    return usage.split(" ", 2)[-1].strip() if usage else ""
+
+
+def _whole(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{flag} takes a whole number, got {text!r}; e.g. {flag} 2") from None
+    if value < 1:
+        raise UsageError(f"{flag} must be at least 1, got {value}; e.g. {flag} 2")
+    return value
+
+
+def _seconds(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--timeout takes seconds, got {text!r}; e.g. --timeout 30") from None
+    if not value > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {text}; e.g. --timeout 30")
+    return value
+
+
+def _rank_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in shlex.split(text.replace(",", " "))]
+    except ValueError:
+        raise UsageError(f"--ranks takes comma-separated ranks, got {text!r}; e.g. --ranks 0,1") from None

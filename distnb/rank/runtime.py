@@ -1,0 +1,250 @@
+"""The part of distnb that lives in each rank process.
+
+The kernel calls these functions on the engines through ipyparallel's `apply`:
+`probe()` before ranks are assigned, `init(spec)` to join the process group and fill the
+namespace, `shutdown()` before the engines stop. Between cells the engine's IPython runs the
+`pre_run_cell` hook below, which picks up the kernel's cell number from the control plane so
+that rank tracebacks and call sites say the same `In[N]` as the notebook.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distnb.records.cell import EngineProbe, RankInfo, RankSpec
+from distnb import keys
+
+# The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
+_shell: Any = None
+
+
+@dataclass
+class _Runtime:
+    spec: RankSpec
+    store: dist.Store
+    device: torch.device
+    watchdog: _Watchdog
+    hooks: list[tuple[str, Any]] = field(default_factory=list)
+
+
+_runtime: _Runtime | None = None
+
+
+def probe(engine_id: int) -> EngineProbe:
+    """Describe this engine so the kernel can assign ranks (grouped by host, MPI order kept)."""
+    mpi = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+    return EngineProbe(
+        engine_id=engine_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        mpi_rank=int(mpi) if mpi is not None else None,
+    )
+
+
+def init(spec: RankSpec) -> RankInfo:
+    """Join the control plane and the process group; give the namespace its names."""
+    global _runtime
+    if _runtime is not None:
+        shutdown()
+    store = connect(spec)
+    if spec.backend == "nccl":
+        device = torch.device("cuda", spec.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        spec.backend,
+        store=dist.PrefixStore(keys.PG, store),
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.pg_timeout_s),
+        device_id=device if spec.backend == "nccl" else None,
+    )
+    watchdog = _Watchdog(spec)
+    _runtime = _Runtime(spec, store, device, watchdog)
+    if spec.check:
+        _install_checks(spec, store)
+    _bind_shell(spec, device)
+    watchdog.start()
+    return RankInfo(
+        rank=spec.rank,
+        local_rank=spec.local_rank,
+        engine_id=-1,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        device=str(device),
+        backend=spec.backend,
+    )
+
+
+def connect(spec: RankSpec) -> dist.Store:
+    """A client of the kernel-hosted control plane, under the session's prefix."""
+    client = dist.TCPStore(
+        spec.store_host, spec.store_port, is_master=False, timeout=timedelta(seconds=30)
+    )
+    return dist.PrefixStore(spec.session_id, client)
+
+
+def shutdown() -> None:
+    """Leave the process group and stop the watchdog; the engine stays usable."""
+    global _runtime
+    if _runtime is None:
+        return
+    _unbind_shell()
+    _uninstall_checks()
+    _runtime.watchdog.stop(_runtime.store)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _runtime = None
+
+
+def set_checks(enabled: bool) -> None:
+    """Turn the checked-collective runtime on or off for the following cells."""
+    if _runtime is None:
+        return
+    if enabled:
+        _install_checks(_runtime.spec, _runtime.store)
+    else:
+        _uninstall_checks()
+
+
+def _install_checks(spec: RankSpec, store: dist.Store) -> None:
+    try:
+        from distnb.rank import checked
+    except ImportError:  # the checked runtime is optional while it is being built
+        return
+    if not checked.installed():
+        checked.install(
+            dist.PrefixStore(keys.CHECK, store),
+            rank=spec.rank,
+            world_size=spec.world_size,
+            session_id=spec.session_id,
+        )
+
+
+def _uninstall_checks() -> None:
+    try:
+        from distnb.rank import checked
+    except ImportError:
+        return
+    if checked.installed():
+        checked.uninstall()
+
+
+def _bind_shell(spec: RankSpec, device: torch.device) -> None:
+    """Put the rank's names in the engine's namespace and hook its cells."""
+    global _shell
+    from IPython import get_ipython
+
+    _shell = get_ipython()
+    if _shell is None:
+        return
+    _shell.user_ns.update(
+        rank=spec.rank,
+        world_size=spec.world_size,
+        local_rank=spec.local_rank,
+        device=device,
+        torch=torch,
+        dist=dist,
+    )
+    _shell.events.register("pre_run_cell", _pre_run_cell)
+
+
+def _unbind_shell() -> None:
+    if _shell is not None:
+        try:
+            _shell.events.unregister("pre_run_cell", _pre_run_cell)
+        except ValueError:
+            pass
+
+
+def _pre_run_cell(info: Any) -> None:
+    """Number this cell as the kernel numbered it, before IPython compiles it."""
+    if _runtime is None or not _runtime.store.check([keys.CELL]):
+        return  # a cell sent by plain ipyparallel, not by a session
+    cell, run_id, check = keys.decode_cell(_runtime.store.get(keys.CELL))
+    _shell.execution_count = cell
+    set_checks(check and _runtime.spec.check)
+    try:
+        from distnb.rank import checked
+    except ImportError:
+        return
+    if checked.installed():
+        checked.begin_cell(run_id, cell_of_file)
+
+
+def cell_of_file(filename: str) -> int | None:
+    """The cell number IPython compiled `filename` for, or None for real files."""
+    if _shell is None:
+        return None
+    number = _shell.compile._filename_map.get(filename)
+    return int(number) if number is not None else None
+
+
+def main_stack() -> str:
+    """The main thread's Python stack from the cell down, the innermost cell line first."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    if frame is None:
+        return "(no main thread)"
+    entries = traceback.extract_stack(frame)
+    cells = [i for i, e in enumerate(entries) if cell_of_file(e.filename) is not None]
+    lines = []
+    if cells:
+        inner = entries[cells[-1]]
+        lines.append(f"at cell In[{cell_of_file(inner.filename)}] line {inner.lineno}: "
+                     f"{(inner.line or '').strip()}")
+        # Frames below the cell are ipyparallel's and IPython's machinery.
+        entries = entries[cells[0]:]
+    lines.append("Stack (most recent call last):")
+    for entry in entries:
+        cell = cell_of_file(entry.filename)
+        where = f"In[{cell}]" if cell is not None else entry.filename
+        lines.append(f'  File "{where}", line {entry.lineno}, in {entry.name}')
+        if entry.line:
+            lines.append(f"    {entry.line.strip()}")
+    return "\n".join(lines)
+
+
+class _Watchdog:
+    """Answers the kernel's stack requests while the main thread is busy or blocked.
+
+    It has its own store connection: a TCPStore client serialises its calls, and the main
+    thread's client may be in use by a collective check when the kernel asks. It blocks in
+    `wait` (which releases the GIL) rather than polling, so an idle rank costs nothing.
+    """
+
+    STOP = b"stop"
+
+    def __init__(self, spec: RankSpec) -> None:
+        self._spec = spec
+        self._next = 0
+        self._thread = threading.Thread(target=self._serve, name="distnb-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, store: dist.Store) -> None:
+        store.set(keys.stack_request(self._spec.rank, self._next), self.STOP)
+        self._thread.join(timeout=1.0)
+
+    def _serve(self) -> None:
+        store = connect(self._spec)
+        rank = self._spec.rank
+        while True:
+            request = keys.stack_request(rank, self._next)
+            store.wait([request], timedelta(days=365))
+            if store.get(request) == self.STOP:
+                return
+            store.set(keys.stack_reply(rank, self._next), main_stack())
+            self._next += 1

@@ -1,0 +1,284 @@
+"""A session: a cluster of ranks, the control plane, and cells run on them.
+
+    with distnb.start(n=2) as s:          # %dist_start -n 2
+        s.run("print(rank)")              # %%allranks
+        s.status()                        # %dist_status
+                                          # %dist_stop on leaving the block
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any
+
+from distnb.errors import ConfigError, SessionError, format_ranks
+from distnb.records.cell import RankInfo, RankSpec
+from distnb.session.cells import CellResult, CellRun, Referee
+from distnb.session.cluster import Cluster
+from distnb.session.control import ControlPlane
+from distnb.session.ranks import assign_ranks, choose_backend
+from distnb.views.status import Progress, Status
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_CPU_RANKS = 2
+
+_live: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How a session was started; `restart()` starts again with the same."""
+
+    n: int | None = None
+    backend: str = "auto"
+    timeout: float | None = None
+    engines: str = "local"
+    host: str = "127.0.0.1"
+    check: bool = True
+    progress: bool = True
+
+    def validated(self) -> Options:
+        n = self.n
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"n must be a whole number of ranks >= 1, got {n!r}; e.g. -n 2")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        check_timeout(self.timeout)
+        if not self.engines or not isinstance(self.engines, str):
+            raise ConfigError(f"engines must name an ipyparallel launcher (local, mpi, slurm, "
+                              f"ssh, ...), got {self.engines!r}")
+        local_gpus = _local_cuda_devices() if self.engines == "local" else None
+        if n is None:
+            n = local_gpus if local_gpus and self.backend != "gloo" else DEFAULT_CPU_RANKS
+        if self.backend == "nccl" and local_gpus is not None and local_gpus < n:
+            raise ConfigError(
+                f"--backend nccl needs one CUDA device per rank: {n} ranks asked, "
+                f"{local_gpus} CUDA device(s) here. Use -n {local_gpus} or --backend gloo."
+                if local_gpus
+                else "--backend nccl needs CUDA, and torch sees no CUDA device here. "
+                "Use --backend gloo (or auto)."
+            )
+        return replace(self, n=n)
+
+
+def check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+        raise ConfigError(f"timeout must be a number of seconds > 0, got {timeout!r}; "
+                          "e.g. --timeout 30")
+
+
+def _local_cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class Session:
+    """Ranks on an ipyparallel cluster with `torch.distributed` initialised on each.
+
+    Create one with `distnb.start()`. Every magic is a thin shell over a method here.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self.options = options.validated()
+        self.ranks: tuple[RankInfo, ...] = ()
+        self.referee = Referee()
+        self._cluster: Cluster | None = None
+        self._control: ControlPlane | None = None
+        self._broken = ""
+        self._cells = 0
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Session:
+        if self._cluster is not None:
+            raise SessionError("this session is already running; stop() or restart() it first")
+        opts = self.options
+        assert opts.n is not None
+        progress = Progress(opts.n, enabled=opts.progress)
+        try:
+            progress.show("starting control plane and engines", 0)
+            self._control = ControlPlane(opts.host)
+            self._cluster = Cluster(opts.n, opts.engines, opts.host, _engine_env(opts.n))
+            client = self._cluster.start(lambda k: progress.show("engines registered", k))
+            self.ranks = self._init_ranks(client, progress)
+        except BaseException as exc:
+            progress.close()
+            self._teardown()
+            if isinstance(exc, (ConfigError, KeyboardInterrupt)):
+                raise
+            raise SessionError(
+                f"the cluster did not start: {exc}\nNothing is left running; fix the cause and "
+                "run %dist_start again (distnb doctor checks the set-up)."
+            ) from exc
+        progress.close()
+        self._broken = ""
+        _live.add(self)
+        return self
+
+    def _init_ranks(self, client: Any, progress: Progress) -> tuple[RankInfo, ...]:
+        from distnb.rank import runtime
+
+        opts = self.options
+        assert self._control is not None and opts.n is not None
+        probes = [client[eid].apply_async(runtime.probe, eid) for eid in client.ids]
+        placements = assign_ranks([ar.get(timeout=60) for ar in probes])
+        backend = choose_backend(opts.backend, placements)
+        pending = []
+        for p in placements:
+            spec = RankSpec(
+                rank=p.rank,
+                world_size=len(placements),
+                local_rank=p.local_rank,
+                local_world_size=p.local_world_size,
+                backend=backend,
+                store_host=opts.host,
+                store_port=self._control.port,
+                session_id=self._control.session_id,
+                check=opts.check,
+            )
+            pending.append((p, client[p.probe.engine_id].apply_async(runtime.init, spec)))
+        ranks = []
+        for i, (p, ar) in enumerate(pending):
+            info = ar.get(timeout=120)
+            ranks.append(replace(info, engine_id=p.probe.engine_id))
+            progress.show("ranks joined the process group", i + 1)
+        return tuple(ranks)
+
+    def stop(self) -> None:
+        """Stop every rank, the controller and the control plane; leave no process behind."""
+        self._teardown()
+        self.ranks = ()
+        _live.discard(self)
+
+    def _teardown(self) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+            self._cluster = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    def restart(self) -> Session:
+        """Stop, then start again with the same options (the fix after a rank died or hung)."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._cluster is not None
+
+    def pids(self) -> list[int]:
+        """Every process this session started that is still alive."""
+        return self._cluster.pids() if self._cluster is not None else []
+
+    # --- cells ---------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        if not self.running:
+            return Status((), "distnb: no cluster running; start one with %dist_start")
+        return Status(self.ranks, self._broken)
+
+    def run(
+        self,
+        code: str,
+        ranks: list[int] | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> CellResult:
+        """Run `code` on every rank (or the listed ones) and show each rank's output.
+
+        Raises `RankError` (with each rank's traceback) if ranks raise, `RankTimeoutError` with
+        a hang report past `timeout` seconds, `RankDiedError` if a rank's process exits.
+        `check=False` runs the cell without the checked-collective runtime.
+        """
+        if not self.running:
+            raise SessionError("no cluster is running: start one with %dist_start "
+                               "(or distnb.start())")
+        if self._broken:
+            raise SessionError(self._broken)
+        check_timeout(timeout)
+        targets = self._targets(ranks)
+        assert self._cluster is not None and self._control is not None
+        cell = self._next_cell()
+        run = CellRun(
+            self._cluster,
+            self._control,
+            targets,
+            cell,
+            self._cells,
+            check and self.options.check,
+            code,
+            timeout if timeout is not None else self.options.timeout,
+            self.referee,
+            self._on_death,
+        )
+        return run.wait()
+
+    def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
+        if ranks is None:
+            return list(self.ranks)
+        world = len(self.ranks)
+        bad = [r for r in ranks if not 0 <= r < world]
+        if bad or not ranks:
+            raise ConfigError(
+                f"ranks {bad or ranks} are not in this session, which has "
+                f"{format_ranks(range(world))}; e.g. --ranks 0,{world - 1}"
+            )
+        return [self.ranks[r] for r in sorted(set(ranks))]
+
+    def _next_cell(self) -> int:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        self._cells += 1
+        return int(shell.execution_count) if shell is not None else self._cells
+
+    def _on_death(self, info: RankInfo, how: str) -> None:
+        self._broken = (f"rank {info.rank} {how}; the process group lost a member. "
+                        "Run %dist_restart (or session.restart()).")
+
+
+def start(
+    n: int | None = None,
+    *,
+    backend: str = "auto",
+    timeout: float | None = None,
+    engines: str = "local",
+    host: str = "127.0.0.1",
+    check: bool = True,
+    progress: bool = True,
+) -> Session:
+    """Start `n` ranks (default: one per local GPU, else 2) and return the running session.
+
+    >>> with distnb.start(n=2) as s:
+    ...     s.run("print(rank, world_size)")
+    [rank 0] 0 2
+    [rank 1] 1 2
+    """
+    options = Options(n, backend, timeout, engines, host, check, progress)
+    return Session(options).start()
+
+
+def _engine_env(n: int) -> dict[str, str]:
+    # Ranks on one machine share its cores: give each rank's intra-op threads its share (as
+    # torchrun does) unless the user chose.
+    env = {}
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+    return env
+
+
+@atexit.register
+def _stop_all() -> None:
+    for session in list(_live):
+        session.stop()

@@ -1,0 +1,63 @@
+"""The control plane: a TCPStore hosted by the kernel, which every rank joins.
+
+Its server runs on a native thread, so it answers the ranks while the kernel's Python is busy,
+and the kernel can read any rank's keys at any time, even while that rank is blocked. That is
+how the kernel numbers cells on the ranks, fetches live stacks for hang reports and releases
+ranks waiting at a collective that a peer will never reach.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import timedelta
+from typing import Any
+
+from distnb import keys
+
+
+class ControlPlane:
+    """The kernel's end of the control plane."""
+
+    def __init__(self, host: str) -> None:
+        import torch.distributed as dist
+
+        self.host = host
+        self.session_id = f"distnb-{secrets.token_hex(4)}"
+        self._server = dist.TCPStore(
+            host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+        )
+        self.port: int = self._server.port
+        self.store: Any = dist.PrefixStore(self.session_id, self._server)
+        self._stack_requests: dict[int, int] = {}
+
+    def begin_cell(self, cell: int, run_id: int, check: bool) -> None:
+        self.store.set(keys.CELL, keys.encode_cell(cell, run_id, check))
+
+    def stacks(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
+        """Each rank's live main-thread stack, from its watchdog thread.
+
+        A rank whose watchdog does not answer in `timeout` (its process is frozen, or holds the
+        GIL inside native code) is left out.
+        """
+        pending: dict[int, str] = {}
+        for rank in ranks:
+            n = self._stack_requests.get(rank, 0)
+            self._stack_requests[rank] = n + 1
+            self.store.set(keys.stack_request(rank, n), "1")
+            pending[rank] = keys.stack_reply(rank, n)
+        found: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for rank, key in list(pending.items()):
+                if self.store.check([key]):
+                    found[rank] = self.store.get(key).decode()
+                    del pending[rank]
+            if pending:
+                time.sleep(0.005)
+        return found
+
+    def close(self) -> None:
+        # The TCPStore server stops when its last reference goes.
+        self.store = None
+        self._server = None

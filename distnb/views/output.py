@@ -1,0 +1,132 @@
+"""Showing a cell's output, rank by rank.
+
+In a Jupyter kernel each rank gets its own output area, created in rank order when the cell
+starts and updated live as the rank prints; when the cell ends, ranks whose output is identical
+are collapsed into one area labelled with all their ranks. Without a kernel (terminal IPython,
+scripts) there are no updatable areas, so the output is printed once, at the end, in rank order.
+Rich outputs (`display(...)`, a cell's last expression) follow the text, labelled by rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from distnb.errors import format_ranks
+
+
+@dataclass
+class RankOutput:
+    """What one rank's part of a cell printed and displayed."""
+
+    rank: int
+    stdout: str = ""
+    stderr: str = ""
+    displays: list[dict[str, Any]] = field(default_factory=list)
+
+
+def label_lines(label: str, text: str) -> str:
+    """Prefix every line of `text` with `[label] `."""
+    if not text:
+        return ""
+    body = text[:-1] if text.endswith("\n") else text
+    return "".join(f"[{label}] {line}\n" for line in body.split("\n"))
+
+
+def collapse(outputs: Sequence[RankOutput], attr: str) -> list[tuple[str, str]]:
+    """(label, text) per distinct non-empty text, in order of the first rank that printed it."""
+    groups: dict[str, list[int]] = {}
+    for out in outputs:
+        text = getattr(out, attr)
+        if text:
+            groups.setdefault(text, []).append(out.rank)
+    return [(format_ranks(ranks), text) for text, ranks in groups.items()]
+
+
+def render_text(outputs: Sequence[RankOutput], attr: str) -> str:
+    return "".join(label_lines(label, text) for label, text in collapse(outputs, attr))
+
+
+class CellOutput:
+    """Live per-rank output areas for one cell (a kernel), or printing at the end (no kernel)."""
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.ranks = list(ranks)
+        self.live = _in_kernel()
+        self._handles: dict[int, Any] = {}
+        self._shown: dict[int, str] = {}
+        if self.live:
+            from IPython.display import display
+
+            for rank in self.ranks:
+                self._handles[rank] = display(_Text(""), display_id=True)
+
+    def update(self, outputs: Sequence[RankOutput]) -> None:
+        """Show what each rank printed so far (kernel only)."""
+        if not self.live:
+            return
+        for out in outputs:
+            text = label_lines(f"rank {out.rank}", out.stdout) + label_lines(
+                f"rank {out.rank}", out.stderr
+            )
+            if text != self._shown.get(out.rank, ""):
+                self._shown[out.rank] = text
+                self._handles[out.rank].update(_Text(text))
+
+    def finish(self, outputs: Sequence[RankOutput]) -> None:
+        """Final output: identical text collapsed, then rich outputs in rank order."""
+        if self.live:
+            self._finish_live(outputs)
+        else:
+            sys.stdout.write(render_text(outputs, "stdout"))
+            sys.stdout.flush()
+            sys.stderr.write(render_text(outputs, "stderr"))
+            sys.stderr.flush()
+        _publish_displays(outputs)
+
+    def _finish_live(self, outputs: Sequence[RankOutput]) -> None:
+        text = render_text(outputs, "stdout") + render_text(outputs, "stderr")
+        first, *rest = self.ranks or [None]
+        if first is None:
+            return
+        self._handles[first].update(_Text(text))
+        for rank in rest:
+            if self._shown.get(rank):
+                self._handles[rank].update(_Text(""))
+
+
+def _publish_displays(outputs: Sequence[RankOutput]) -> None:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    for out in outputs:
+        for content in out.displays:
+            data = dict(content.get("data", {}))
+            if "text/plain" in data:
+                data["text/plain"] = f"[rank {out.rank}] {data['text/plain']}"
+            metadata = dict(content.get("metadata") or {})
+            metadata["rank"] = out.rank
+            shell.display_pub.publish(data=data, metadata=metadata)
+
+
+class _Text:
+    """Plain text that Jupyter shows verbatim (no HTML escaping issues, no repr quotes)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text.rstrip("\n")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text.rstrip("\n"))
+
+
+def _in_kernel() -> bool:
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None

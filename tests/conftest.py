@@ -1,0 +1,61 @@
+"""Shared fixtures: one real 2-rank gloo session for the whole test run.
+
+Tests that break a cluster on purpose (killing a rank, restarting) start their own session.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain(text: str) -> str:
+    """Text without terminal colour codes."""
+    return ANSI.sub("", text)
+
+
+@pytest.fixture(scope="session")
+def session() -> Iterator[object]:
+    import distnb
+
+    s = distnb.start(2, progress=False)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def shell(session: object) -> Iterator[object]:
+    """A real IPython shell with distnb loaded and bound to the shared session."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    from distnb.magics import DistMagics
+
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "distnb")
+    magics = next(m for m in ip.magics_manager.registry.values() if isinstance(m, DistMagics))
+    magics.session = session
+    yield ip
+    magics.session = None
+
+
+def running(pids: list[int]) -> list[int]:
+    """The pids that still run (a zombie waiting for init to reap it has stopped)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def children_of_this_process() -> list[int]:
+    return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]

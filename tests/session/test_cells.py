@@ -1,0 +1,123 @@
+"""Cells on a real 2-rank gloo cluster, through the Python API and through `%%allranks`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from distnb.errors import RankError, RankTimeoutError
+from tests.conftest import plain
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(params=["python", "magic"])
+def run(request: pytest.FixtureRequest, session: object, shell: object) -> Callable[..., object]:
+    """Run a cell through `session.run` or through `%%allranks`: every test runs both ways."""
+    if request.param == "python":
+        return lambda code, line="": session.run(code, **_kwargs(line))  # type: ignore[attr-defined]
+    return lambda code, line="": shell.run_cell_magic("allranks", line, code)  # type: ignore[attr-defined]
+
+
+def _kwargs(line: str) -> dict[str, object]:
+    words = line.split()
+    kw: dict[str, object] = {}
+    for flag, value in zip(words[::2], words[1::2]):
+        if flag == "--timeout":
+            kw["timeout"] = float(value)
+        if flag == "--ranks":
+            kw["ranks"] = [int(r) for r in value.split(",")]
+    return kw
+
+
+def test_all_reduce_output_is_labelled_in_rank_order(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+    run("x = torch.ones(3) * (rank + 1)\ndist.all_reduce(x)\nprint(rank, world_size, x.tolist())")
+    out = capsys.readouterr().out
+    assert "[rank 0] 0 2 [3.0, 3.0, 3.0]\n[rank 1] 1 2 [3.0, 3.0, 3.0]\n" in out
+
+
+def test_identical_output_is_collapsed_and_stderr_kept(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+    run("import sys\nprint('same')\nprint('warn', rank, file=sys.stderr)")
+    captured = capsys.readouterr()
+    assert "[ranks 0-1] same\n" in captured.out
+    assert "[rank 0] warn 0\n[rank 1] warn 1\n" in captured.err
+
+
+def test_namespace_holds_the_rank_names(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+    run("print(rank, world_size, local_rank, device, torch.__name__, dist.get_rank())")
+    out = capsys.readouterr().out
+    assert "[rank 1] 1 2 1 cpu torch 1" in out
+
+
+def test_ranks_option_runs_on_a_subset(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+    run("print('only', rank)", "--ranks 1")
+    out = capsys.readouterr().out
+    assert "[rank 1] only 1" in out and "[rank 0]" not in out
+
+
+def test_errors_show_each_rank_traceback_with_cell_lines(run: Callable[..., object]) -> None:
+    with pytest.raises(RankError) as info:
+        run("x = 1\nif rank == 1:\n    raise ValueError(f'bad input on {rank}')\n")
+    err = info.value
+    assert type(err) is RankError
+    assert [f.rank for f in err.failures] == [1]
+    text = plain("\n".join(err._render_traceback_()))
+    assert "[rank 1] ValueError: bad input on 1" in text
+    assert "line 3" in text and "raise ValueError" in text
+
+
+def test_identical_errors_collapse(run: Callable[..., object]) -> None:
+    with pytest.raises(RankError) as info:
+        run("import math\nmath.sqrt(-1)")
+    text = plain("\n".join(info.value._render_traceback_()))
+    assert "[ranks 0-1] ValueError: math domain error" in text
+    assert text.count("Traceback") == 1
+
+
+def test_timeout_gives_a_hang_report_and_the_cluster_stays_usable(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(RankTimeoutError) as info:
+        run("import time\nif rank == 1:\n    time.sleep(60)\n", "--timeout 1")
+    err = info.value
+    states = {r.rank: r.state.value for r in err.reports}
+    assert states == {0: "finished", 1: "running"}
+    stack = err.reports[1].stack
+    assert "line 3: time.sleep(60)" in stack.splitlines()[0]
+    assert "interrupted; the cluster is ready" in err.message
+    capsys.readouterr()
+    run("print('after', rank)")
+    assert "[rank 1] after 1" in capsys.readouterr().out
+
+
+def test_last_expression_is_kept_per_rank(session: object) -> None:
+    result = session.run("rank * 10")  # type: ignore[attr-defined]
+    assert result.result(0) == "0" and result.result(1) == "10"
+
+
+def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(session: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "sleeping"
+    code = f"import time, pathlib\npathlib.Path({str(marker)!r} + str(rank)).touch()\ntime.sleep(60)"
+
+    def interrupt_when_both_sleep() -> None:
+        deadline = time.monotonic() + 30
+        while not all(Path(f"{marker}{r}").exists() for r in (0, 1)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_when_both_sleep)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        session.run(code)  # type: ignore[attr-defined]
+    thread.join()
+    assert time.monotonic() - started < 20
+    capsys.readouterr()
+    session.run("print('still here', rank)")  # type: ignore[attr-defined]
+    assert "[rank 0] still here 0" in capsys.readouterr().out
