@@ -83,8 +83,9 @@ class DistMagics(Magics):
             raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
         ranks = _rank_list(args.ranks) if args.ranks is not None else None
         try:
-            self.session.run(cell, ranks=ranks, timeout=_seconds(args.timeout),
-                             check=not args.unchecked)
+            self.session.run(
+                cell, ranks=ranks, timeout=_seconds(args.timeout), check=not args.unchecked
+            )
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
 
@@ -128,4 +129,6 @@ def _rank_list(text: str) -> list[int]:
     try:
         return [int(part) for part in shlex.split(text.replace(",", " "))]
     except ValueError:
-        raise UsageError(f"--ranks takes comma-separated ranks, got {text!r}; e.g. --ranks 0,1") from None
+        raise UsageError(
+            f"--ranks takes comma-separated ranks, got {text!r}; e.g. --ranks 0,1"
+        ) from None

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import traceback
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -21,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 from distnb import keys
+from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 
 # The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
 _shell: Any = None
@@ -86,6 +87,19 @@ def init(spec: RankSpec) -> RankInfo:
         device=str(device),
         backend=spec.backend,
     )
+
+
+def current_device() -> torch.device:
+    return _runtime.device if _runtime is not None else torch.device("cpu")
+
+
+def unchecked() -> AbstractContextManager[None]:
+    """The checked runtime's `unchecked()`, or a no-op where it is not there."""
+    try:
+        from distnb.rank import checked
+    except ImportError:
+        return nullcontext()
+    return checked.unchecked() if checked.installed() else nullcontext()
 
 
 def connect(spec: RankSpec) -> dist.Store:
@@ -158,15 +172,15 @@ def _bind_shell(spec: RankSpec, device: torch.device) -> None:
         torch=torch,
         dist=dist,
     )
+    if not isinstance(_shell.compile._filename_map, _CellNumbers):
+        _shell.compile._filename_map = _CellNumbers(_shell.compile._filename_map)
     _shell.events.register("pre_run_cell", _pre_run_cell)
 
 
 def _unbind_shell() -> None:
     if _shell is not None:
-        try:
+        with suppress(ValueError):
             _shell.events.unregister("pre_run_cell", _pre_run_cell)
-        except ValueError:
-            pass
 
 
 def _pre_run_cell(info: Any) -> None:
@@ -174,7 +188,9 @@ def _pre_run_cell(info: Any) -> None:
     if _runtime is None or not _runtime.store.check([keys.CELL]):
         return  # a cell sent by plain ipyparallel, not by a session
     cell, run_id, check = keys.decode_cell(_runtime.store.get(keys.CELL))
-    _shell.execution_count = cell
+    # IPython has already taken this cell's number (and counted on by one) when this hook
+    # runs; it compiles the cell right after, under the number taken.
+    _shell.compile._filename_map.renumber[_shell.execution_count - 1] = cell
     set_checks(check and _runtime.spec.check)
     try:
         from distnb.rank import checked
@@ -182,6 +198,19 @@ def _pre_run_cell(info: Any) -> None:
         return
     if checked.installed():
         checked.begin_cell(run_id, cell_of_file)
+
+
+class _CellNumbers(dict[str, int]):
+    """IPython's map of cell filenames to cell numbers (`compile._filename_map`), storing the
+    kernel's number instead of the engine's, so that tracebacks say `Cell In[7]` for the
+    notebook's cell 7 (the engine counts only the cells it ran)."""
+
+    def __init__(self, existing: dict[str, int]) -> None:
+        super().__init__(existing)
+        self.renumber: dict[int, int] = {}
+
+    def __setitem__(self, filename: str, number: int) -> None:
+        super().__setitem__(filename, self.renumber.pop(number, number))
 
 
 def cell_of_file(filename: str) -> int | None:
@@ -197,15 +226,17 @@ def main_stack() -> str:
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     if frame is None:
         return "(no main thread)"
-    entries = traceback.extract_stack(frame)
+    entries = list(traceback.extract_stack(frame))
     cells = [i for i, e in enumerate(entries) if cell_of_file(e.filename) is not None]
     lines = []
     if cells:
         inner = entries[cells[-1]]
-        lines.append(f"at cell In[{cell_of_file(inner.filename)}] line {inner.lineno}: "
-                     f"{(inner.line or '').strip()}")
+        lines.append(
+            f"at cell In[{cell_of_file(inner.filename)}] line {inner.lineno}: "
+            f"{(inner.line or '').strip()}"
+        )
         # Frames below the cell are ipyparallel's and IPython's machinery.
-        entries = entries[cells[0]:]
+        entries = entries[cells[0] :]
     lines.append("Stack (most recent call last):")
     for entry in entries:
         cell = cell_of_file(entry.filename)
@@ -224,7 +255,7 @@ class _Watchdog:
     `wait` (which releases the GIL) rather than polling, so an idle rank costs nothing.
     """
 
-    STOP = b"stop"
+    STOP = "stop"
 
     def __init__(self, spec: RankSpec) -> None:
         self._spec = spec
@@ -244,7 +275,7 @@ class _Watchdog:
         while True:
             request = keys.stack_request(rank, self._next)
             store.wait([request], timedelta(days=365))
-            if store.get(request) == self.STOP:
+            if store.get(request) == self.STOP.encode():
                 return
             store.set(keys.stack_reply(rank, self._next), main_stack())
             self._next += 1

@@ -1,9 +1,9 @@
 """A session: a cluster of ranks, the control plane, and cells run on them.
 
-    with distnb.start(n=2) as s:          # %dist_start -n 2
-        s.run("print(rank)")              # %%allranks
-        s.status()                        # %dist_status
-                                          # %dist_stop on leaving the block
+with distnb.start(n=2) as s:          # %dist_start -n 2
+    s.run("print(rank)")              # %%allranks
+    s.status()                        # %dist_status
+                                      # %dist_stop on leaving the block
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from distnb.errors import ConfigError, SessionError, format_ranks
-from distnb.records.cell import RankInfo, RankSpec
+from distnb.errors import ConfigError, RankError, SessionError, format_ranks
+from distnb.records.cell import RankFailure, RankInfo, RankSpec
 from distnb.session.cells import CellResult, CellRun, Referee
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
@@ -48,8 +49,10 @@ class Options:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         check_timeout(self.timeout)
         if not self.engines or not isinstance(self.engines, str):
-            raise ConfigError(f"engines must name an ipyparallel launcher (local, mpi, slurm, "
-                              f"ssh, ...), got {self.engines!r}")
+            raise ConfigError(
+                f"engines must name an ipyparallel launcher (local, mpi, slurm, "
+                f"ssh, ...), got {self.engines!r}"
+            )
         local_gpus = _local_cuda_devices() if self.engines == "local" else None
         if n is None:
             n = local_gpus if local_gpus and self.backend != "gloo" else DEFAULT_CPU_RANKS
@@ -66,8 +69,9 @@ class Options:
 
 def check_timeout(timeout: float | None) -> None:
     if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-        raise ConfigError(f"timeout must be a number of seconds > 0, got {timeout!r}; "
-                          "e.g. --timeout 30")
+        raise ConfigError(
+            f"timeout must be a number of seconds > 0, got {timeout!r}; e.g. --timeout 30"
+        )
 
 
 def _local_cuda_devices() -> int:
@@ -202,8 +206,9 @@ class Session:
         `check=False` runs the cell without the checked-collective runtime.
         """
         if not self.running:
-            raise SessionError("no cluster is running: start one with %dist_start "
-                               "(or distnb.start())")
+            raise SessionError(
+                "no cluster is running: start one with %dist_start (or distnb.start())"
+            )
         if self._broken:
             raise SessionError(self._broken)
         check_timeout(timeout)
@@ -223,6 +228,41 @@ class Session:
             self._on_death,
         )
         return run.wait()
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        ranks: list[int] | None = None,
+        timeout: float | None = 60.0,
+    ) -> list[Any]:
+        """Call `fn(*args)` on every rank (or the listed ones); return the results in rank order.
+
+        For distnb's own rank-side functions (records back, no output shown); `run` is for cells.
+        """
+        if not self.running:
+            raise SessionError("no cluster is running: start one with %dist_start")
+        targets = self._targets(ranks)
+        assert self._cluster is not None
+        client = self._cluster.client
+        pending = [client[t.engine_id].apply_async(fn, *args) for t in targets]
+        results, failures = [], []
+        for info, ar in zip(targets, pending, strict=False):
+            try:
+                results.append(ar.get(timeout=timeout))
+            except Exception as exc:
+                failures.append(
+                    RankFailure(
+                        info.rank,
+                        getattr(exc, "ename", type(exc).__name__),
+                        str(getattr(exc, "evalue", exc)),
+                        str(getattr(exc, "traceback", "")),
+                    )
+                )
+        if failures:
+            name = getattr(fn, "__name__", "function")
+            raise RankError(f"{name} failed on {format_ranks(f.rank for f in failures)}", failures)
+        return results
 
     def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
         if ranks is None:
@@ -244,8 +284,10 @@ class Session:
         return int(shell.execution_count) if shell is not None else self._cells
 
     def _on_death(self, info: RankInfo, how: str) -> None:
-        self._broken = (f"rank {info.rank} {how}; the process group lost a member. "
-                        "Run %dist_restart (or session.restart()).")
+        self._broken = (
+            f"rank {info.rank} {how}; the process group lost a member. "
+            "Run %dist_restart (or session.restart())."
+        )
 
 
 def start(

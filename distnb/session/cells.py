@@ -103,7 +103,8 @@ class CellRun:
             while not self._all_done():
                 self._wake.wait(0.05)
                 self._wake.clear()
-                self.output.update(self._outputs())
+                if self.output.live:
+                    self.output.update(self._outputs())
                 states, failures = self._states()
                 if RankState.DIED in states.values():
                     self._settle_after_death()
@@ -151,13 +152,15 @@ class CellRun:
         return states, failures
 
     def _outputs(self) -> list[RankOutput]:
+        # The client's metadata dicts grow as iopub messages arrive; reading them directly
+        # skips AsyncResult's per-access date parsing.
         outputs = []
         for info in self.targets:
-            ar = self.results[info.rank]
-            displays = list(ar.outputs)
-            if ar.execute_result:
-                displays.append({**ar.execute_result, "execute_result": True})
-            outputs.append(RankOutput(info.rank, ar.stdout, ar.stderr, displays))
+            md = self.cluster.client.metadata[self.results[info.rank].msg_ids[0]]
+            displays = list(md["outputs"])
+            if md["execute_result"]:
+                displays.append({**md["execute_result"], "execute_result": True})
+            outputs.append(RankOutput(info.rank, md["stdout"], md["stderr"], displays))
         return outputs
 
     # --- endings ---------------------------------------------------------------------------
@@ -184,11 +187,16 @@ class CellRun:
             how = _exit_text(self.cluster.exit_status(info.pid))
             log = self.cluster.log_tail(info.pid, lines=3)
             self.on_death(info, how)
-            lines.append(f"rank {info.rank} (pid {info.pid} on {info.host}) {how} in cell [{self.cell}]")
+            lines.append(
+                f"rank {info.rank} (pid {info.pid} on {info.host}) {how} in cell In[{self.cell}]"
+            )
             if log:
                 lines.append("  its last log lines:\n    " + log.replace("\n", "\n    "))
             failures.append(RankFailure(info.rank, "RankDied", how, ""))
-        message = "\n".join(lines) + "\nThe process group lost a member: run %dist_restart (or session.restart())."
+        message = (
+            "\n".join(lines)
+            + "\nThe process group lost a member: run %dist_restart (or session.restart())."
+        )
         raise errors.RankDiedError(message, failures)
 
     def _settle_after_death(self) -> None:
@@ -206,17 +214,22 @@ class CellRun:
         for info in self.targets:
             ar = self.results[info.rank]
             if not ar.done():
-                stack = stacks.get(info.rank, "(no stack: the rank did not answer; it may be "
-                                   "blocked in native code holding the GIL)")
+                stack = stacks.get(
+                    info.rank,
+                    "(no stack: the rank did not answer; it may be "
+                    "blocked in native code holding the GIL)",
+                )
                 reports.append(RankReport(info.rank, RankState.RUNNING, "still running", stack))
             elif (error := _error_of(ar)) is not None:
-                reports.append(RankReport(info.rank, RankState.FAILED, f"{error.ename}: {error.evalue}"))
+                reports.append(
+                    RankReport(info.rank, RankState.FAILED, f"{error.ename}: {error.evalue}")
+                )
             else:
                 reports.append(RankReport(info.rank, RankState.FINISHED))
         stuck = self._interrupt(running)
         self.output.finish(self._outputs())
         message = (
-            f"cell [{self.cell}] still running on {format_ranks(t.rank for t in running)} "
+            f"cell In[{self.cell}] still running on {format_ranks(t.rank for t in running)} "
             f"after {elapsed:.1f} s (timeout {self.timeout:g} s). "
         )
         if stuck:
@@ -248,8 +261,12 @@ def _error_of(ar: Any) -> Any:
 
 def _failure(rank: int, error: Any) -> RankFailure:
     tb = error.traceback if isinstance(getattr(error, "traceback", None), str) else ""
-    return RankFailure(rank, getattr(error, "ename", type(error).__name__),
-                       str(getattr(error, "evalue", error)), tb)
+    return RankFailure(
+        rank,
+        getattr(error, "ename", type(error).__name__),
+        str(getattr(error, "evalue", error)),
+        tb,
+    )
 
 
 _RANK_ERRORS: dict[str, type[errors.RankError]] = {
@@ -260,15 +277,17 @@ _RANK_ERRORS: dict[str, type[errors.RankError]] = {
 
 def _rank_error(cell: int, failures: list[RankFailure]) -> errors.RankError:
     groups = errors.group_failures(failures)
-    ranks, first = groups[0]
+    _ranks, first = groups[0]
     kind = _RANK_ERRORS.get(first.ename, errors.RankError)
     if kind is not errors.RankError:
         return kind(first.evalue, failures)
-    summary = "; ".join(f"{format_ranks(r)}: {f.summary}" for r, f in groups[: errors.TRACEBACK_LIMIT])
+    summary = "; ".join(
+        f"{format_ranks(r)}: {f.summary}" for r, f in groups[: errors.TRACEBACK_LIMIT]
+    )
     more = len(groups) - errors.TRACEBACK_LIMIT
     if more > 0:
         summary += f"; ... {more} more"
-    return errors.RankError(f"cell [{cell}] failed on {summary}", failures)
+    return errors.RankError(f"cell In[{cell}] failed on {summary}", failures)
 
 
 def _exit_text(code: int | None) -> str:

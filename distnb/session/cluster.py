@@ -7,6 +7,7 @@ where ipyparallel's engine nannies would linger for seconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -61,14 +62,10 @@ class Cluster:
 
     def start(self, on_progress: Callable[[int], None], timeout: float = 120.0) -> Any:
         """Start the controller and engines; return a connected client once all registered."""
-        from ipyparallel._async import _asyncio_run
-
-        async def go() -> Any:
-            await self.cluster.start_controller()
-            await self.cluster.start_engines(self.n, **self._engine_kwargs())
-            return await self.cluster.connect_client()
-
-        self.client = _asyncio_run(go())
+        # The `_sync` forms work both with and without a running event loop (a Jupyter kernel).
+        self.cluster.start_controller_sync()
+        self.cluster.start_engines_sync(self.n, **self._engine_kwargs())
+        self.client = self.cluster.connect_client_sync()
         self._track()
         future = self.client.wait_for_engines(
             self.n, block=False, timeout=timeout, interactive=False
@@ -134,7 +131,9 @@ class Cluster:
     def log_tail(self, pid: int, lines: int = 5) -> str:
         """The last lines an engine or the controller wrote to its log file."""
         launchers = [self.cluster.controller] + [
-            la for es in self.cluster.engines.values() for la in getattr(es, "launchers", {}).values()
+            la
+            for es in self.cluster.engines.values()
+            for la in getattr(es, "launchers", {}).values()
         ]
         for la in launchers:
             proc = getattr(la, "process", None)
@@ -163,10 +162,9 @@ class Cluster:
         for proc in procs:
             _send(proc, signal.SIGKILL)
         alive = _wait_dead(procs, timeout)
-        try:
+        # The processes are gone already; ipyparallel only tidies its files.
+        with contextlib.suppress(Exception):
             self.cluster.stop_cluster_sync()
-        except Exception:  # the processes are gone already; ipyparallel only tidies its files
-            pass
         shutil.rmtree(self._own_profile, ignore_errors=True)
         return [p.pid for p in alive]
 
@@ -180,7 +178,7 @@ def proc_cmd(proc: psutil.Process) -> list[str]:
 
 def _alive(proc: psutil.Process) -> bool:
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -192,10 +190,8 @@ def _wait_dead(procs: list[psutil.Process], timeout: float) -> list[psutil.Proce
     alive = procs
     while alive and time.monotonic() < deadline:
         for proc in alive:
-            try:
+            with contextlib.suppress(psutil.TimeoutExpired, psutil.Error):
                 proc.wait(0)  # reaps our own children at once
-            except (psutil.TimeoutExpired, psutil.Error):
-                pass
         alive = [p for p in alive if _alive(p)]
         if alive:
             time.sleep(0.005)
@@ -203,7 +199,5 @@ def _wait_dead(procs: list[psutil.Process], timeout: float) -> list[psutil.Proce
 
 
 def _send(proc: psutil.Process, sig: int) -> None:
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         proc.send_signal(sig)
-    except psutil.NoSuchProcess:
-        pass

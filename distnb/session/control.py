@@ -24,7 +24,7 @@ class ControlPlane:
 
         self.host = host
         self.session_id = f"distnb-{secrets.token_hex(4)}"
-        self._server = dist.TCPStore(
+        self._server: Any = dist.TCPStore(
             host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
         )
         self.port: int = self._server.port

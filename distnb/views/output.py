@@ -61,7 +61,7 @@ class CellOutput:
             from IPython.display import display
 
             for rank in self.ranks:
-                self._handles[rank] = display(_Text(""), display_id=True)
+                self._handles[rank] = display(_Text(""), display_id=True)  # type: ignore[no-untyped-call]
 
     def update(self, outputs: Sequence[RankOutput]) -> None:
         """Show what each rank printed so far (kernel only)."""
@@ -88,9 +88,9 @@ class CellOutput:
 
     def _finish_live(self, outputs: Sequence[RankOutput]) -> None:
         text = render_text(outputs, "stdout") + render_text(outputs, "stderr")
-        first, *rest = self.ranks or [None]
-        if first is None:
+        if not self.ranks:
             return
+        first, *rest = self.ranks
         self._handles[first].update(_Text(text))
         for rank in rest:
             if self._shown.get(rank):

@@ -28,7 +28,7 @@ class Status:
             return self.note or "distnb: no ranks"
         rows = [COLUMNS, *self.rows()]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -58,7 +58,7 @@ class Progress:
         if enabled and getattr(get_ipython(), "kernel", None) is not None:
             from IPython.display import display
 
-            self._handle = display({"text/plain": ""}, raw=True, display_id=True)
+            self._handle = display({"text/plain": ""}, raw=True, display_id=True)  # type: ignore[no-untyped-call]
 
     def show(self, phase: str, done: int) -> None:
         if not self.enabled:

@@ -28,7 +28,7 @@ def run(request: pytest.FixtureRequest, session: object, shell: object) -> Calla
 def _kwargs(line: str) -> dict[str, object]:
     words = line.split()
     kw: dict[str, object] = {}
-    for flag, value in zip(words[::2], words[1::2]):
+    for flag, value in zip(words[::2], words[1::2], strict=False):
         if flag == "--timeout":
             kw["timeout"] = float(value)
         if flag == "--ranks":
@@ -36,26 +36,34 @@ def _kwargs(line: str) -> dict[str, object]:
     return kw
 
 
-def test_all_reduce_output_is_labelled_in_rank_order(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+def test_all_reduce_output_is_labelled_in_rank_order(
+    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+) -> None:
     run("x = torch.ones(3) * (rank + 1)\ndist.all_reduce(x)\nprint(rank, world_size, x.tolist())")
     out = capsys.readouterr().out
     assert "[rank 0] 0 2 [3.0, 3.0, 3.0]\n[rank 1] 1 2 [3.0, 3.0, 3.0]\n" in out
 
 
-def test_identical_output_is_collapsed_and_stderr_kept(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+def test_identical_output_is_collapsed_and_stderr_kept(
+    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+) -> None:
     run("import sys\nprint('same')\nprint('warn', rank, file=sys.stderr)")
     captured = capsys.readouterr()
     assert "[ranks 0-1] same\n" in captured.out
     assert "[rank 0] warn 0\n[rank 1] warn 1\n" in captured.err
 
 
-def test_namespace_holds_the_rank_names(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+def test_namespace_holds_the_rank_names(
+    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+) -> None:
     run("print(rank, world_size, local_rank, device, torch.__name__, dist.get_rank())")
     out = capsys.readouterr().out
     assert "[rank 1] 1 2 1 cpu torch 1" in out
 
 
-def test_ranks_option_runs_on_a_subset(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+def test_ranks_option_runs_on_a_subset(
+    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+) -> None:
     run("print('only', rank)", "--ranks 1")
     out = capsys.readouterr().out
     assert "[rank 1] only 1" in out and "[rank 0]" not in out
@@ -80,7 +88,9 @@ def test_identical_errors_collapse(run: Callable[..., object]) -> None:
     assert text.count("Traceback") == 1
 
 
-def test_timeout_gives_a_hang_report_and_the_cluster_stays_usable(run: Callable[..., object], capsys: pytest.CaptureFixture[str]) -> None:
+def test_timeout_gives_a_hang_report_and_the_cluster_stays_usable(
+    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(RankTimeoutError) as info:
         run("import time\nif rank == 1:\n    time.sleep(60)\n", "--timeout 1")
     err = info.value
@@ -99,9 +109,13 @@ def test_last_expression_is_kept_per_rank(session: object) -> None:
     assert result.result(0) == "0" and result.result(1) == "10"
 
 
-def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(session: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
+    session: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     marker = tmp_path / "sleeping"
-    code = f"import time, pathlib\npathlib.Path({str(marker)!r} + str(rank)).touch()\ntime.sleep(60)"
+    code = (
+        f"import time, pathlib\npathlib.Path({str(marker)!r} + str(rank)).touch()\ntime.sleep(60)"
+    )
 
     def interrupt_when_both_sleep() -> None:
         deadline = time.monotonic() + 30

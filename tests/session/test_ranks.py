@@ -14,7 +14,10 @@ def probe(eid: int, host: str, gpus: int = 0, mpi: int | None = None) -> EngineP
 def test_ranks_are_grouped_by_host_not_engine_id() -> None:
     placed = assign_ranks([probe(0, "a"), probe(1, "b"), probe(2, "a"), probe(3, "b")])
     assert [(p.rank, p.probe.engine_id, p.local_rank) for p in placed] == [
-        (0, 0, 0), (1, 2, 1), (2, 1, 0), (3, 3, 1)
+        (0, 0, 0),
+        (1, 2, 1),
+        (2, 1, 0),
+        (3, 3, 1),
     ]
     assert {p.local_world_size for p in placed} == {2}
 

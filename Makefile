@@ -1,0 +1,35 @@
+# Quick start: `make demo` runs distnb's demo, `make test` runs the test suite.
+# Both create .venv on first use. CONSTRAINTS pins torch to the build this project is tested
+# with; users installing distnb elsewhere bring their own torch.
+PYTHON ?= python3
+VENV ?= .venv
+CONSTRAINTS ?= constraints.txt
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q -c $(CONSTRAINTS)
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PIP) torch
+	$(PIP) -e ".[test]"
+	if command -v mpicc >/dev/null 2>&1; then $(PIP) -e ".[mpi]"; fi
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/distnb demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check distnb tests bench
+	$(VENV)/bin/ruff format --check distnb tests bench
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	$(PY) bench/bench_session.py
+
+clean:
+	rm -rf $(VENV) distnb-demo

@@ -1,0 +1,109 @@
+"""The magics on a real IPython shell: lifecycle, and every bad input answered with the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from IPython.core.error import UsageError
+
+import distnb
+from distnb.magics import DistMagics
+from tests.conftest import running
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def magics(shell: object) -> Iterator[DistMagics]:
+    registry = shell.magics_manager.registry  # type: ignore[attr-defined]
+    yield next(m for m in registry.values() if isinstance(m, DistMagics))
+
+
+@pytest.fixture
+def no_session(magics: DistMagics) -> Iterator[DistMagics]:
+    saved, magics.session = magics.session, None
+    yield magics
+    magics.session = saved
+
+
+def test_loading_twice_registers_one_set_of_magics(shell: object) -> None:
+    shell.run_line_magic("load_ext", "distnb")  # type: ignore[attr-defined]
+    distnb.load_ipython_extension(shell)
+    registry = shell.magics_manager.registry  # type: ignore[attr-defined]
+    assert sum(isinstance(m, DistMagics) for m in registry.values()) == 1
+
+
+def test_magic_lifecycle_start_status_run_restart_stop(
+    shell: object, no_session: DistMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = shell.run_line_magic("dist_start", "-n 2 --backend gloo --timeout 30")  # type: ignore[attr-defined]
+    try:
+        assert [r.rank for r in status.ranks] == [0, 1]
+        assert "backend" in repr(status) and "<table>" in status._repr_html_()
+        assert no_session.session is not None and no_session.session.options.timeout == 30
+        shell.run_cell_magic("allranks", "", "print(dist.get_world_size())")  # type: ignore[attr-defined]
+        assert "[ranks 0-1] 2" in capsys.readouterr().out
+        before = no_session.session.pids()
+        shell.run_line_magic("dist_restart", "")  # type: ignore[attr-defined]
+        assert not running(before)
+        assert len(shell.run_line_magic("dist_status", "").ranks) == 2  # type: ignore[attr-defined]
+    finally:
+        pids = no_session.session.pids() if no_session.session else []
+        shell.run_line_magic("dist_stop", "")  # type: ignore[attr-defined]
+    assert not running(pids)
+    assert "no cluster running" in repr(shell.run_line_magic("dist_status", ""))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("line", "fix"),
+    [
+        ("-n 0", "-n must be at least 1"),
+        ("-n abc", "-n takes a whole number"),
+        ("--backend nccl", "--backend gloo"),
+        ("--backend mpi", "backend must be one of auto, gloo, nccl"),
+        ("--timeout -1", "--timeout must be > 0"),
+        ("--frobnicate", "Usage: %dist_start"),
+    ],
+)
+def test_bad_start_arguments_say_the_fix_and_start_nothing(
+    shell: object, no_session: DistMagics, line: str, fix: str
+) -> None:
+    with pytest.raises(UsageError, match=fix):
+        shell.run_line_magic("dist_start", line)  # type: ignore[attr-defined]
+    assert no_session.session is None or not no_session.session.running
+
+
+def test_allranks_before_start_says_how_to_start(shell: object, no_session: DistMagics) -> None:
+    with pytest.raises(UsageError, match="%dist_start -n 2"):
+        shell.run_cell_magic("allranks", "", "print(rank)")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("magic", "line", "fix"),
+    [
+        ("dist_start", "-n 2", "already running: use it, or %dist_restart / %dist_stop"),
+        ("allranks", "--ranks 7", r"ranks \[7\] are not in this session, which has ranks 0-1"),
+        ("allranks", "--ranks x", "--ranks takes comma-separated ranks"),
+        ("allranks", "--timeout -1", "--timeout must be > 0"),
+        ("allranks", "--bogus", "Usage: %allranks"),
+    ],
+)
+def test_bad_input_leaves_the_running_cluster_untouched(
+    shell: object,
+    magics: DistMagics,
+    magic: str,
+    line: str,
+    fix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert magics.session is not None
+    before = magics.session.pids()
+    with pytest.raises(UsageError, match=fix):
+        if magic == "allranks":
+            shell.run_cell_magic(magic, line, "print(rank)")  # type: ignore[attr-defined]
+        else:
+            shell.run_line_magic(magic, line)  # type: ignore[attr-defined]
+    assert magics.session.pids() == before
+    shell.run_cell_magic("allranks", "", "print('fine')")  # type: ignore[attr-defined]
+    assert "[ranks 0-1] fine" in capsys.readouterr().out
