@@ -152,11 +152,11 @@ class CellRun:
         return states, failures
 
     def _outputs(self) -> list[RankOutput]:
-        # The client's metadata dicts grow as iopub messages arrive; reading them directly
-        # skips AsyncResult's per-access date parsing.
+        # `metadata` is the live dict that grows as iopub messages arrive; reading it once per
+        # rank skips the waits and date parsing of AsyncResult's per-key access.
         outputs = []
         for info in self.targets:
-            md = self.cluster.client.metadata[self.results[info.rank].msg_ids[0]]
+            md = self.results[info.rank].metadata
             displays = list(md["outputs"])
             if md["execute_result"]:
                 displays.append({**md["execute_result"], "execute_result": True})
