@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed
-
 from ipyparallel.engine.app import main
 
 __all__ = ["main", "torch"]
