@@ -1,0 +1,156 @@
+"""Benchmark the views: timeline renderings of 10,000 events, shape scans of 1,000 tensors.
+
+Run:  .venv/bin/python bench/bench_views.py [--repeat 7]
+
+Targets: each timeline rendering <= 1 s (measured from the events: building the timeline is
+included, as it is when a view is displayed); scan of a 1,000-tensor namespace on each of 2
+ranks (in-process) + table build <= 0.5 s. Prints medians; PNG also cold (first call, which
+imports matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from distnb.records.collective import CallSite, CollectiveEvent
+
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
+
+
+def synthetic_events(n_ranks: int, n_events: int, seed: int = 0) -> list[CollectiveEvent]:
+    """`n_events` events: collectives on every rank, rank 1 late by ~50 µs, two groups."""
+    rnd = random.Random(seed)
+    out: list[CollectiveEvent] = []
+    t = 1_000_000
+    seqs = {"WORLD": 0, "tp": 0}
+    for i in range(n_events // n_ranks):
+        group = "tp" if i % 5 == 4 else "WORLD"
+        seq = seqs[group]
+        seqs[group] += 1
+        op = OPS[i % len(OPS)]
+        site = CallSite("/tmp/ipykernel_1/12.py", 3 + i % 7, cell=12, code=f"dist.{op}(x)")
+        arrive = {r: t + rnd.randint(0, 3_000) + (50_000 if r == 1 else 0) for r in range(n_ranks)}
+        start = max(arrive.values()) + 4_000
+        end = start + 20_000 + rnd.randint(0, 5_000)
+        out += [
+            CollectiveEvent(r, group, seq, op, 4 << 20, site, arrive[r], start, end, 12, n_ranks)
+            for r in range(n_ranks)
+        ]
+        t = end + 10_000
+    return out
+
+
+def median_s(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_timeline(repeat: int, tmp: Path) -> list[tuple[str, float, float | None]]:
+    from distnb.views.timeline import TimelineView
+
+    rows: list[tuple[str, float, float | None]] = []
+    events2 = synthetic_events(2, 10_000)
+    start = time.perf_counter()
+    TimelineView(events2).savefig(tmp / "cold.png")
+    cold = time.perf_counter() - start
+    rows.append(("10,000 events, 2 ranks: PNG, first call (imports matplotlib)", cold, None))
+    for n_ranks in (2, 8):
+        label = f"10,000 events, {n_ranks} ranks"
+        for name, fn in timeline_cases(synthetic_events(n_ranks, 10_000), tmp):
+            rows.append((f"{label}: {name}", median_s(fn, repeat), 1.0))
+    return rows
+
+
+def timeline_cases(
+    events: list[CollectiveEvent], tmp: Path
+) -> list[tuple[str, Callable[[], object]]]:
+    """Each case starts from the events, as displaying a fresh view does."""
+    from distnb.views.timeline import TimelineView
+    from distnb.views.timeline_model import build_timeline
+
+    return [
+        ("build_timeline only", lambda: build_timeline(events)),
+        ("text (__repr__)", lambda: repr(TimelineView(events))),
+        ("HTML (_repr_html_, SVG)", lambda: TimelineView(events)._repr_html_()),
+        ("PNG (savefig)", lambda: TimelineView(events).savefig(tmp / "t.png")),
+        ("Chrome trace", lambda: TimelineView(events).export_chrome_trace(tmp / "t.json")),
+    ]
+
+
+def bench_shapes(repeat: int) -> list[tuple[str, float, float | None]]:
+    import torch
+    from torch import nn
+
+    from distnb.rank.inspect import scan_namespace
+    from distnb.views.shape_table import build_table
+    from distnb.views.shapes import ShapeTableView
+
+    def namespace(rank: int) -> dict[str, object]:
+        ns: dict[str, object] = {f"t{i}": torch.randn(64, 64) for i in range(1000)}
+        ns["t7"] = torch.randn(64, 64 + rank)  # one rank-dependent shape
+        ns["t9"] = torch.full((4,), math.nan)
+        return ns
+
+    ranks = [namespace(0), namespace(1)]
+
+    def scan_and_build() -> object:
+        return build_table([scan_namespace(ns, rank=r) for r, ns in enumerate(ranks)])
+
+    table = build_table([scan_namespace(ns, rank=r) for r, ns in enumerate(ranks)])
+    model = {"model": nn.Sequential(*[nn.Linear(32, 32) for _ in range(2000)])}
+    return [
+        (
+            "1,000 tensors: scan one rank",
+            median_s(lambda: scan_namespace(ranks[0], rank=0), repeat),
+            0.5,
+        ),
+        ("1,000 tensors: scan 2 ranks + build_table", median_s(scan_and_build, repeat), 0.5),
+        ("1,000 rows, 2 ranks: text", median_s(lambda: repr(ShapeTableView(table)), repeat), 1.0),
+        (
+            "1,000 rows, 2 ranks: HTML",
+            median_s(lambda: ShapeTableView(table)._repr_html_(), repeat),
+            1.0,
+        ),
+        (
+            "module, 4,000 params: scan",
+            median_s(lambda: scan_namespace(model, rank=0), repeat),
+            0.5,
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    print("command:", shlex.join([sys.executable, *sys.argv]))
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = bench_timeline(args.repeat, Path(tmp)) + bench_shapes(args.repeat)
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'case':<{width}}  median    target")
+    failed = 0
+    for name, seconds, target in rows:
+        if target is None:
+            print(f"{name:<{width}}  {seconds * 1e3:7.1f} ms  (once per kernel; no target)")
+            continue
+        ok = seconds <= target
+        failed += not ok
+        print(f"{name:<{width}}  {seconds * 1e3:7.1f} ms  <= {target:g} s {'ok' if ok else 'OVER'}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Show a `ShapeTable`: plain text, static HTML, and an ipywidgets widget with filters.
+
+Displaying a `ShapeTableView` gives static HTML (it survives nbconvert and GitHub, where widget
+state does not); `view.widget()` adds a name filter and a differing-only switch. Module rows fold
+their parameters and buffers into an HTML `<details>` under the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from distnb.errors import format_ranks
+from distnb.records.shapes import Entry, Field, ModuleMeta, ShapeScan, TensorMeta
+from distnb.views._format import (
+    CELL_STYLE,
+    DIFF_CELL_BG,
+    DIFF_PART_STYLE,
+    DIFF_ROW_BG,
+    HEAD_STYLE,
+    TABLE_STYLE,
+    WARN_ROW_BG,
+    esc,
+    text_table,
+)
+from distnb.views.shape_table import ShapeRow, ShapeTable, build_table
+
+__all__ = ["ShapeTableView"]
+
+LEGEND = "rg = requires_grad, .grad = .grad is set, NaN/Inf = holds a non-finite value"
+Part = tuple[str, bool]  # text, whether it is a differing field
+
+
+class ShapeTableView:
+    """Per-rank shapes, differing names first.
+
+    Example::
+
+        view = ShapeTableView(build_table(scans))
+        view            # static HTML table in a notebook, aligned text in a terminal
+        view.widget()   # with a name filter and a differing-only switch
+    """
+
+    def __init__(self, table: ShapeTable, *, max_rows: int = 200, max_children: int = 100) -> None:
+        self.table = table
+        self.max_rows = max_rows
+        self.max_children = max_children
+
+    @classmethod
+    def from_scans(cls, scans: Sequence[ShapeScan]) -> ShapeTableView:
+        return cls(build_table(scans))
+
+    def __repr__(self) -> str:
+        return render_text(self.table, self.max_rows)
+
+    def _repr_html_(self) -> str:
+        return render_html(self.table, self.max_rows, self.max_children)
+
+    def widget(self) -> Any:
+        """An `ipywidgets.VBox`: filter controls above the HTML table."""
+        import ipywidgets as w  # views are the only place ipywidgets is imported, lazily
+
+        only = w.ToggleButtons(options=["all", "differing"], value="all", description="rows")
+        pattern = w.Text(placeholder="filter names (substring)", description="name")
+        out = w.HTML(self._repr_html_())
+
+        def refresh(_: object = None) -> None:
+            table = filter_table(self.table, pattern.value, only.value == "differing")
+            out.value = render_html(table, self.max_rows, self.max_children)
+
+        only.observe(refresh, names="value")
+        pattern.observe(refresh, names="value")
+        return w.VBox([w.HBox([only, pattern]), out])
+
+
+def filter_table(table: ShapeTable, pattern: str = "", only_differing: bool = False) -> ShapeTable:
+    rows = tuple(
+        r
+        for r in table.rows
+        if (not only_differing or r.differs) and pattern.lower() in r.name.lower()
+    )
+    return ShapeTable(table.ranks, table.devices, rows, table.truncated)
+
+
+def _summary(table: ShapeTable) -> str:
+    ranks = format_ranks(table.ranks) if table.ranks else "no ranks"
+    n_diff = len(table.differing)
+    fields = sorted({f.value for r in table.differing for f in r.differs})
+    head = f"Shapes on {ranks}: {len(table.rows)} names"
+    if n_diff:
+        head += f", {n_diff} differ across ranks ({', '.join(fields)})"
+    else:
+        head += ", all agree across ranks"
+    skipped = sum(table.truncated)
+    if skipped:
+        head += f"; {skipped} values not scanned (container or scan limit)"
+    return head
+
+
+# -- cell contents -------------------------------------------------------------------------
+
+
+def cell_parts(entry: Entry | None, marked: Sequence[Field]) -> list[Part]:
+    """A cell as short parts, each flagged if it shows a field in which this cell deviates."""
+    if entry is None:
+        return [("missing", Field.MISSING in marked)]
+    if isinstance(entry, TensorMeta):
+        return _tensor_parts(entry, marked)
+    return _module_parts(entry, marked)
+
+
+def _tensor_parts(t: TensorMeta, marked: Sequence[Field]) -> list[Part]:
+    parts: list[Part] = [
+        ("[" + ", ".join(map(str, t.shape)) + "]", Field.SHAPE in marked),
+        (t.dtype, Field.DTYPE in marked),
+        (t.device, Field.DEVICE in marked),
+    ]
+    parts += _flag("rg", "no rg", t.requires_grad, Field.REQUIRES_GRAD in marked)
+    parts += _flag(".grad", "no .grad", t.has_grad, Field.GRAD in marked)
+    bad = bool(t.has_nonfinite) or bool(t.grad_nonfinite)
+    label = "grad NaN/Inf" if t.grad_nonfinite and not t.has_nonfinite else "NaN/Inf"
+    parts += _flag(label, "finite", bad, Field.NONFINITE in marked)
+    return parts
+
+
+def _module_parts(m: ModuleMeta, marked: Sequence[Field]) -> list[Part]:
+    parts: list[Part] = [
+        (m.type_name, Field.TYPE in marked),
+        (f"{m.n_params} params ({m.param_numel:,})", Field.SHAPE in marked),
+        ("/".join(m.dtypes) or "-", Field.DTYPE in marked),
+        ("/".join(m.devices) or "-", Field.DEVICE in marked),
+    ]
+    if m.n_buffers:
+        parts.insert(2, (f"{m.n_buffers} buffers", Field.SHAPE in marked))
+    parts += _count("rg", m.n_requires_grad, m.n_params, Field.REQUIRES_GRAD in marked)
+    parts += _count(".grad", m.n_grads, m.n_params, Field.GRAD in marked)
+    if m.n_nonfinite or m.n_grads_nonfinite or Field.NONFINITE in marked:
+        text = f"NaN/Inf in {m.n_nonfinite or 0} tensors, {m.n_grads_nonfinite or 0} grads"
+        parts.append((text, Field.NONFINITE in marked))
+    return parts
+
+
+def _flag(yes: str, no: str, value: bool, marked: bool) -> list[Part]:
+    if value:
+        return [(yes, marked)]
+    return [(no, True)] if marked else []
+
+
+def _count(label: str, k: int, n: int, marked: bool) -> list[Part]:
+    if k == 0 and not marked:
+        return []
+    return [(label if k == n and n else f"{label} {k}/{n}", marked)]
+
+
+# -- text ----------------------------------------------------------------------------------
+
+
+def render_text(table: ShapeTable, max_rows: int = 200, max_children: int = 10) -> str:
+    """Aligned text; a deviating cell starts with `*`; differing module parameters indented."""
+    header = ["name", *(f"rank {r}" for r in table.ranks), "differs"]
+    rows: list[list[str]] = []
+    for row in table.rows[:max_rows]:
+        rows.append(_text_row(row.name, row))
+        differing = [c for c in row.children if c.differs]
+        for child in differing[:max_children]:
+            rows.append(_text_row("  ." + child.name, child))
+        if len(differing) > max_children:
+            rows.append(
+                [f"  ... {len(differing) - max_children} more differing", *[""] * (len(header) - 1)]
+            )
+    lines = [_summary(table), ""]
+    lines.append(text_table(header, rows) if rows else "(no tensors or modules found)")
+    if len(table.rows) > max_rows:
+        lines.append(f"... {len(table.rows) - max_rows} more rows")
+    lines.append(f"(* = this rank differs; {LEGEND})")
+    return "\n".join(lines)
+
+
+def _text_row(name: str, row: ShapeRow) -> list[str]:
+    cells = []
+    for entry, marked in zip(row.cells, row.marked, strict=True):
+        text = " ".join(t for t, _ in cell_parts(entry, marked))
+        cells.append(("*" if marked else " ") + text)
+    return [name, *cells, ",".join(f.value for f in row.differs)]
+
+
+# -- HTML ----------------------------------------------------------------------------------
+
+
+def render_html(table: ShapeTable, max_rows: int = 200, max_children: int = 100) -> str:
+    """Static HTML with inline styles; modules expand through `<details>`."""
+    ncols = len(table.ranks) + 2
+    head = "".join(
+        f'<th style="{HEAD_STYLE}">{esc(h)}</th>'
+        for h in [
+            "name",
+            *(f"rank {r} ({d})" for r, d in zip(table.ranks, table.devices, strict=True)),
+            "differs",
+        ]
+    )
+    body: list[str] = []
+    for row in table.rows[:max_rows]:
+        body.append(_html_row(row.name, row))
+        if row.children:
+            body.append(_html_children(row, ncols, max_children))
+    if len(table.rows) > max_rows:
+        more = f"... {len(table.rows) - max_rows} more rows"
+        body.append(f'<tr><td colspan="{ncols}" style="{CELL_STYLE}">{more}</td></tr>')
+    return (
+        f'<div><div style="font-family:sans-serif;font-size:13px;margin:4px 0">'
+        f"<b>{esc(_summary(table))}</b></div>"
+        f'<table style="{TABLE_STYLE}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+        f'<div style="font-family:sans-serif;font-size:11px;color:#666">{esc(LEGEND)}</div></div>'
+    )
+
+
+def _html_row(name: str, row: ShapeRow) -> str:
+    bg = DIFF_ROW_BG if row.differs else WARN_ROW_BG if row.nonfinite else ""
+    style = f' style="background:{bg}"' if bg else ""
+    cells = [f'<td style="{CELL_STYLE}">{esc(name)}</td>']
+    for entry, marked in zip(row.cells, row.marked, strict=True):
+        cell_style = CELL_STYLE + (f";background:{DIFF_CELL_BG}" if marked else "")
+        title = f' title="differs: {esc(", ".join(f.value for f in marked))}"' if marked else ""
+        parts = " ".join(
+            f'<span style="{DIFF_PART_STYLE}">{esc(t)}</span>' if m else esc(t)
+            for t, m in cell_parts(entry, marked)
+        )
+        cells.append(f'<td style="{cell_style}"{title}>{parts}</td>')
+    cells.append(f'<td style="{CELL_STYLE}">{esc(", ".join(f.value for f in row.differs))}</td>')
+    return f"<tr{style}>{''.join(cells)}</tr>"
+
+
+def _html_children(row: ShapeRow, ncols: int, max_children: int) -> str:
+    n_diff = sum(1 for c in row.children if c.differs)
+    label = f"{len(row.children)} parameters and buffers of {row.name}"
+    if n_diff:
+        label += f" ({n_diff} differ)"
+    inner = "".join(_html_row(c.name, c) for c in row.children[:max_children])
+    if len(row.children) > max_children:
+        inner += (
+            f'<tr><td style="{CELL_STYLE}">... {len(row.children) - max_children} more</td></tr>'
+        )
+    return (
+        f'<tr><td colspan="{ncols}" style="padding:0 0 0 16px">'
+        f'<details{" open" if n_diff else ""}><summary style="cursor:pointer;font-size:12px">'
+        f"{esc(label)}</summary>"
+        f'<table style="{TABLE_STYLE}">{inner}</table></details></td></tr>'
+    )

@@ -1,0 +1,215 @@
+"""Draw a `Timeline` as an inline SVG: one lane per rank (and group), one bar per collective.
+
+Written by hand rather than through matplotlib: for 10,000 events it is several times faster,
+needs no backend, and each collective's bars share a `<title>` tooltip with its call site, which
+works in JupyterLab, nbconvert HTML and browsers alike. The wait before a collective is a hatched
+grey bar.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from distnb.errors import format_ranks
+from distnb.records.collective import CallSite
+from distnb.views._format import esc, format_bytes, format_ns
+from distnb.views.timeline_model import Collective, Timeline
+
+__all__ = ["WAIT_COLOR", "collective_title", "lanes", "op_colors", "render_svg"]
+
+# tab10 without its grey, which is kept for waits.
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+)
+WAIT_COLOR = "#9e9e9e"
+_ids = itertools.count()  # pattern ids must be unique per page: several SVGs can share one
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Pixel geometry of one drawing."""
+
+    width: int
+    left: int
+    top: int
+    lane_h: int
+    rank_gap: int
+    t0: int
+    scale: float  # px per ns
+
+    def x(self, t: int) -> float:
+        return self.left + (t - self.t0) * self.scale
+
+
+def op_colors(ops: Iterable[str]) -> dict[str, str]:
+    """A fixed colour per op, by name, so every view of a session agrees."""
+    return {op: PALETTE[i % len(PALETTE)] for i, op in enumerate(sorted(ops))}
+
+
+def lanes(tl: Timeline, ranks: Collection[int] | None = None) -> list[tuple[int, str]]:
+    """(rank, group) pairs that have events, rank by rank, groups in `tl.groups` order."""
+    seen = {(s.rank, c.group) for c in tl.collectives for s in c.slots}
+    return [
+        (r, g) for r in tl.ranks if ranks is None or r in ranks for g in tl.groups if (r, g) in seen
+    ]
+
+
+def collective_title(c: Collective) -> str:
+    """The tooltip of a collective's bars: what, how long, who was last, where it was called."""
+    dur = "end unknown" if c.duration_ns is None else format_ns(c.duration_ns)
+    lines = [
+        f"{c.group} #{c.seq} {c.op} · {format_bytes(c.nbytes)} · {dur} · last: rank "
+        f"{c.last_rank} (+{format_ns(c.lead_ns)}) · waits {format_ns(c.total_wait_ns)}"
+    ]
+    by_site: dict[CallSite, list[int]] = {}
+    for s in c.slots:
+        by_site.setdefault(s.site, []).append(s.rank)
+    for site, ranks in by_site.items():
+        who = "" if len(by_site) == 1 else f"{format_ranks(ranks)}: "
+        lines.append(f"{who}{site}" + (f": {site.code.strip()}" if site.code else ""))
+    return "\n".join(lines)
+
+
+def render_svg(
+    tl: Timeline,
+    *,
+    ranks: Collection[int] | None = None,
+    ops: Collection[str] | None = None,
+    selected: tuple[str, int] | None = None,
+    width: int = 960,
+) -> str:
+    """The timeline as one `<svg>` element; `selected` = (group, seq) is outlined."""
+    rows = lanes(tl, ranks)
+    multi = len(tl.groups) > 1
+    labels = {lane: f"rank {lane[0]}" + (f" {lane[1]}" if multi else "") for lane in rows}
+    frame = _frame(tl, width, left=12 + 7 * max((len(t) for t in labels.values()), default=6))
+    ys = _lane_ys(rows, frame)
+    height = (max(ys.values(), default=frame.top) + frame.lane_h + 34) if rows else 60
+    colors = op_colors(s.op for s in tl.ops)
+    pid = f"distnb-wait-{next(_ids)}"
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">',
+        f'<defs><pattern id="{pid}" width="4" height="4" patternUnits="userSpaceOnUse" '
+        f'patternTransform="rotate(45)"><rect width="4" height="4" fill="#e0e0e0"/>'
+        f'<line x1="0" y1="0" x2="0" y2="4" stroke="{WAIT_COLOR}" stroke-width="2"/>'
+        "</pattern></defs>",
+    ]
+    parts += _axis(tl, frame, height - 34)
+    parts += _lane_labels(labels, ys, frame)
+    parts += _bars(tl, frame, ys, colors, pid, ops, selected, set(r for r, _ in rows))
+    parts += _legend(colors, pid, frame, height - 14)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _frame(tl: Timeline, width: int, left: int) -> Frame:
+    right = 12
+    span = max(tl.t1_ns - tl.t0_ns, 1)
+    return Frame(width, left, 22, 14, 6, tl.t0_ns, (width - left - right) / span)
+
+
+def _lane_ys(rows: Sequence[tuple[int, str]], f: Frame) -> dict[tuple[int, str], int]:
+    ys: dict[tuple[int, str], int] = {}
+    y, prev = f.top, None
+    for rank, group in rows:
+        if prev is not None and rank != prev:
+            y += f.rank_gap
+        ys[(rank, group)] = y
+        y += f.lane_h
+        prev = rank
+    return ys
+
+
+def _axis(tl: Timeline, f: Frame, bottom: int) -> list[str]:
+    span = max(tl.t1_ns - tl.t0_ns, 1)
+    step = _nice_step(span / 8)
+    out = [
+        f'<line x1="{f.left}" y1="{f.top - 4}" x2="{f.width - 12}" y2="{f.top - 4}" stroke="#888"/>'
+    ]
+    for i in range(int(span // step) + 1):
+        t = i * step
+        x = f.left + t * f.scale
+        out.append(
+            f'<line x1="{x:.1f}" y1="{f.top - 4}" x2="{x:.1f}" y2="{bottom}" stroke="#eee"/>'
+            f'<text x="{x:.1f}" y="{f.top - 8}" text-anchor="middle" fill="#555">'
+            f"{esc(format_ns(t))}</text>"
+        )
+    return out
+
+
+def _nice_step(raw: float) -> float:
+    mag = 10 ** math.floor(math.log10(max(raw, 1)))
+    return float(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
+
+
+def _lane_labels(
+    labels: dict[tuple[int, str], str], ys: dict[tuple[int, str], int], f: Frame
+) -> list[str]:
+    out = []
+    for lane, label in labels.items():
+        out.append(
+            f'<text x="{f.left - 6}" y="{ys[lane] + f.lane_h - 3}" '
+            f'text-anchor="end" fill="#333">{esc(label)}</text>'
+        )
+    return out
+
+
+def _bars(
+    tl: Timeline,
+    f: Frame,
+    ys: dict[tuple[int, str], int],
+    colors: dict[str, str],
+    pid: str,
+    ops: Collection[str] | None,
+    selected: tuple[str, int] | None,
+    shown: set[int],
+) -> list[str]:
+    """One `<g>` per collective holding its bars: one shared tooltip keeps the SVG small."""
+    out: list[str] = []
+    h = f.lane_h - 2
+    for c in tl.collectives:
+        if ops is not None and c.op not in ops:
+            continue
+        stroke = ' stroke="#000" stroke-width="1.5"' if selected == (c.group, c.seq) else ""
+        out.append(f'<g fill="{colors[c.op]}"{stroke}><title>{esc(collective_title(c))}</title>')
+        last = c.last_arrive_ns
+        for s in c.slots:
+            if s.rank not in shown:
+                continue
+            y = ys[(s.rank, c.group)] + 1
+            x0, x1 = f.x(s.arrive_ns), f.x(min(last, s.start_ns))
+            if x1 - x0 >= 0.5:  # narrower waits are invisible; leaving them out halves the SVG
+                out.append(
+                    f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{h}" '
+                    f'fill="url(#{pid})"/>'
+                )
+            end = s.end_ns if s.end_ns is not None else s.start_ns
+            bx = f.x(s.start_ns)
+            out.append(
+                f'<rect x="{bx:.1f}" y="{y}" width="{max(f.x(end) - bx, 1.0):.1f}" height="{h}"/>'
+            )
+        out.append("</g>")
+    return out
+
+
+def _legend(colors: dict[str, str], pid: str, f: Frame, y: int) -> list[str]:
+    out, x = [], f.left
+    for op, color in [*colors.items(), ("wait", f"url(#{pid})")]:
+        out.append(
+            f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{x + 14}" y="{y}" fill="#333">{esc(op)}</text>'
+        )
+        x += 24 + 7 * len(op)
+    return out
