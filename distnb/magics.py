@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from distnb.errors import ConfigError, SessionError
 from distnb.session import Options, Session
+from distnb.views.display import show
 from distnb.views.status import Status
 
 
@@ -75,19 +76,38 @@ class DistMagics(Magics):
     @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
     @argument("--timeout", type=str, default=None, help="seconds before a hang report")
     @argument("--unchecked", action="store_true", help="run without collective checks")
+    @argument("--shapes", action="store_true", help="then show the shapes of what it assigned")
     @cell_magic
     def allranks(self, line: str, cell: str) -> None:
         """Run the cell on every rank: `%%allranks [--ranks 0,1] [--timeout 30]`."""
         args = _parse(self.allranks, line)
-        if self.session is None or not self.session.running:
-            raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
+        session = self._running()
         ranks = _rank_list(args.ranks) if args.ranks is not None else None
         try:
-            self.session.run(
-                cell, ranks=ranks, timeout=_seconds(args.timeout), check=not args.unchecked
+            session.run(
+                cell,
+                ranks=ranks,
+                timeout=_seconds(args.timeout),
+                check=not args.unchecked,
+                shapes=args.shapes,
             )
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("names", nargs="*", help="names (or dotted paths) to show; default: every tensor")
+    @argument("--all", action="store_true", help="include _private and IPython's own names")
+    @line_magic
+    def dist_shapes(self, line: str) -> None:
+        """Per-rank shape table: `%dist_shapes [NAME ...] [--all]`; differences come first."""
+        args = _parse(self.dist_shapes, line)
+        session = self._running()
+        show(session.shapes(args.names or None, all=args.all))
+
+    def _running(self) -> Session:
+        if self.session is None or not self.session.running:
+            raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
+        return self.session
 
 
 def _parse(magic: Any, line: str) -> Any:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
+from distnb.records.shapes import ShapeScan
 
 # The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
 _shell: Any = None
@@ -86,6 +87,17 @@ def init(spec: RankSpec) -> RankInfo:
         pid=os.getpid(),
         device=str(device),
         backend=spec.backend,
+    )
+
+
+def scan(names: list[str] | None, include_all: bool) -> ShapeScan:
+    """This rank's tensors and modules, as metadata (for shape tables)."""
+    from distnb.rank.inspect import scan_namespace
+
+    ns = _shell.user_ns if _shell is not None else {}
+    rank = _runtime.spec.rank if _runtime is not None else 0
+    return scan_namespace(
+        ns, names, include_all=include_all, rank=rank, device=str(current_device())
     )
 
 

@@ -13,15 +13,18 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError, RankError, SessionError, format_ranks
 from distnb.records.cell import RankFailure, RankInfo, RankSpec
-from distnb.session.cells import CellResult, CellRun, Referee
+from distnb.session.cells import CellResult, CellRun, Referee, assigned_names
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
 from distnb.session.ranks import assign_ranks, choose_backend
 from distnb.views.status import Progress, Status
+
+if TYPE_CHECKING:
+    from distnb.views.shapes import ShapeTableView
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_CPU_RANKS = 2
@@ -198,12 +201,14 @@ class Session:
         ranks: list[int] | None = None,
         timeout: float | None = None,
         check: bool = True,
+        shapes: bool = False,
     ) -> CellResult:
         """Run `code` on every rank (or the listed ones) and show each rank's output.
 
         Raises `RankError` (with each rank's traceback) if ranks raise, `RankTimeoutError` with
         a hang report past `timeout` seconds, `RankDiedError` if a rank's process exits.
-        `check=False` runs the cell without the checked-collective runtime.
+        `check=False` runs the cell without the checked-collective runtime; `shapes=True` shows
+        the shape table of the names the cell assigned, after it.
         """
         if not self.running:
             raise SessionError(
@@ -227,7 +232,12 @@ class Session:
             self.referee,
             self._on_death,
         )
-        return run.wait()
+        result = run.wait()
+        if shapes:
+            from distnb.views.display import show
+
+            show(self.shapes(assigned_names(code)))
+        return result
 
     def call(
         self,
@@ -263,6 +273,13 @@ class Session:
             name = getattr(fn, "__name__", "function")
             raise RankError(f"{name} failed on {format_ranks(f.rank for f in failures)}", failures)
         return results
+
+    def shapes(self, names: list[str] | None = None, all: bool = False) -> ShapeTableView:
+        """A table of each rank's tensors and modules (metadata only), differences first."""
+        from distnb.rank import runtime
+        from distnb.views.shapes import ShapeTableView
+
+        return ShapeTableView.from_scans(self.call(runtime.scan, names, all))
 
     def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
         if ranks is None:

@@ -250,6 +250,23 @@ class CellRun:
         return [t for t in running if not self.results[t.rank].done()]
 
 
+def assigned_names(code: str) -> list[str]:
+    """Top-level names a cell binds (`x = ...`, `for x in`, `with ... as x`, `def x`), in order."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    names: dict[str, None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names[node.id] = None
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = None
+    return list(names)
+
+
 def _error_of(ar: Any) -> Any:
     """The RemoteError of a finished single-engine AsyncResult, or None if it succeeded."""
     try:
