@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -60,6 +62,20 @@ def text_of(outputs: list[dict[str, Any]]) -> str:
         elif out["type"] == "error":
             parts.append("\n".join(out["traceback"]))
     return plain("\n".join(parts))
+
+
+def test_a_killed_kernel_takes_its_ranks_along(kernel: tuple[Any, Any]) -> None:
+    km, kc = kernel
+    status, outputs = execute(kc, "%load_ext distnb\n%dist_start -n 2")
+    assert status == "ok", text_of(outputs)
+    _, outputs = execute(kc, PIDS)
+    pids = json.loads(text_of(outputs).strip().splitlines()[-1])
+    assert len(pids) >= 6  # controller, 2 engines, 2 nannies, the reaper
+    os.kill(km.provisioner.pid, signal.SIGKILL)  # no atexit, no %dist_stop
+    deadline = time.monotonic() + 10
+    while running(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(pids)
 
 
 def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, Any]) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from distnb.session.reaper import Reaper
+
 # Controller settings that matter for an interactive tool:
 # - threads instead of 6 forked scheduler processes (~230 MB less);
 # - a 100 ms heartbeat, because registration waits for the first beat; 100 misses (10 s) before
@@ -59,6 +61,7 @@ class Cluster:
         self._env = env
         self.client: Any = None
         self._procs: dict[int, psutil.Process] = {}
+        self._reaper = Reaper()  # last: nothing above may fail and leave it behind
 
     def start(self, on_progress: Callable[[int], None], timeout: float = 120.0) -> Any:
         """Start the controller and engines; return a connected client once all registered."""
@@ -97,14 +100,14 @@ class Cluster:
                 )
 
     def _track(self) -> None:
-        """Remember every process the cluster started: launchers' children and theirs."""
+        """Remember every process the cluster started (launchers' children and theirs), and
+        tell the reaper, which kills them if the kernel dies without stopping them."""
         for proc in self._launcher_processes():
             self._procs.setdefault(proc.pid, proc)
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 for child in proc.children(recursive=True):
                     self._procs.setdefault(child.pid, child)
-            except psutil.NoSuchProcess:
-                pass
+        self._reaper.watch(list(self._procs))
 
     def _launcher_processes(self) -> list[psutil.Process]:
         launchers = [self.cluster.controller] if self.cluster.controller else []
@@ -115,7 +118,8 @@ class Cluster:
     def pids(self) -> list[int]:
         """Every process of this cluster still alive."""
         self._track()
-        return [pid for pid, p in self._procs.items() if _alive(p)]
+        procs = [*self._procs.values(), psutil.Process(self._reaper.pid)]
+        return [p.pid for p in procs if _alive(p)]
 
     def exit_status(self, pid: int, wait: float = 1.0) -> int | None:
         """The exit code of a local engine process (negative: killed by that signal)."""
@@ -166,6 +170,7 @@ class Cluster:
         with contextlib.suppress(Exception):
             self.cluster.stop_cluster_sync()
         shutil.rmtree(self._own_profile, ignore_errors=True)
+        self._reaper.close()
         return [p.pid for p in alive]
 
 
