@@ -56,7 +56,9 @@ class Options:
                 f"engines must name an ipyparallel launcher (local, mpi, slurm, "
                 f"ssh, ...), got {self.engines!r}"
             )
-        local_gpus = _local_cuda_devices() if self.engines == "local" else None
+        # Asking torch costs its import (~1 s): only when the answer matters before launching.
+        needs_gpus = self.engines == "local" and (n is None or self.backend == "nccl")
+        local_gpus = _local_cuda_devices() if needs_gpus else None
         if n is None:
             n = local_gpus if local_gpus and self.backend != "gloo" else DEFAULT_CPU_RANKS
         if self.backend == "nccl" and local_gpus is not None and local_gpus < n:
@@ -107,10 +109,12 @@ class Session:
         assert opts.n is not None
         progress = Progress(opts.n, enabled=opts.progress)
         try:
-            progress.show("starting control plane and engines", 0)
-            self._control = ControlPlane(opts.host)
+            progress.show("starting engines", 0)
             self._cluster = Cluster(opts.n, opts.engines, opts.host, _engine_env(opts.n))
-            client = self._cluster.start(lambda k: progress.show("engines registered", k))
+            self._cluster.launch()
+            # The kernel imports torch for the control plane while the engines boot.
+            self._control = ControlPlane(opts.host)
+            client = self._cluster.wait_registered(lambda k: progress.show("engines registered", k))
             self.ranks = self._init_ranks(client, progress)
         except BaseException as exc:
             progress.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from distnb.session.reaper import Reaper
+from distnb.reaper import Reaper
 
 # Controller settings that matter for an interactive tool:
 # - threads instead of 6 forked scheduler processes (~230 MB less);
@@ -63,13 +63,16 @@ class Cluster:
         self._procs: dict[int, psutil.Process] = {}
         self._reaper = Reaper()  # last: nothing above may fail and leave it behind
 
-    def start(self, on_progress: Callable[[int], None], timeout: float = 120.0) -> Any:
-        """Start the controller and engines; return a connected client once all registered."""
+    def launch(self) -> None:
+        """Start the controller and the engines, without waiting for them."""
         # The `_sync` forms work both with and without a running event loop (a Jupyter kernel).
         self.cluster.start_controller_sync()
         self.cluster.start_engines_sync(self.n, **self._engine_kwargs())
-        self.client = self.cluster.connect_client_sync()
         self._track()
+
+    def wait_registered(self, on_progress: Callable[[int], None], timeout: float = 120.0) -> Any:
+        """A connected client, once every engine has registered with the controller."""
+        self.client = self.cluster.connect_client_sync()
         future = self.client.wait_for_engines(
             self.n, block=False, timeout=timeout, interactive=False
         )

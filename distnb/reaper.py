@@ -1,6 +1,6 @@
 """A watchman for the kernel: kills the cluster's processes if the kernel dies without stopping.
 
-`python -m distnb.session.reaper` reads lines from its stdin, a pipe whose other end only the
+`python -m distnb.reaper` reads lines from its stdin, a pipe whose other end only the
 kernel holds: `pid N` adds a process to kill, `done` ends it quietly. If the kernel dies in any
 way (SIGKILL, OOM, a crashed notebook server), the pipe closes; the reaper reads EOF and kills
 every process it was told about, so no engine, nanny or controller outlives its kernel.
@@ -34,7 +34,7 @@ class Reaper:
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "distnb.session.reaper"],
+            [sys.executable, "-m", "distnb.reaper"],
             stdin=subprocess.PIPE,
             text=True,
             # Its own session: a Ctrl-C meant for the kernel's process group must not reach it.
