@@ -30,6 +30,7 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_session.py
+	$(PY) bench/bench_memory.py
 
 clean:
 	rm -rf $(VENV) distnb-demo

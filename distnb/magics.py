@@ -77,6 +77,7 @@ class DistMagics(Magics):
     @argument("--timeout", type=str, default=None, help="seconds before a hang report")
     @argument("--unchecked", action="store_true", help="run without collective checks")
     @argument("--shapes", action="store_true", help="then show the shapes of what it assigned")
+    @argument("--timeline", action="store_true", help="then show the cell's collective timeline")
     @cell_magic
     def allranks(self, line: str, cell: str) -> None:
         """Run the cell on every rank: `%%allranks [--ranks 0,1] [--timeout 30]`."""
@@ -85,11 +86,13 @@ class DistMagics(Magics):
         ranks = _rank_list(args.ranks) if args.ranks is not None else None
         try:
             session.run(
-                cell,
+                # Line 1 of the notebook cell is the magic: keep line numbers the same on ranks.
+                "# %%allranks\n" + cell,
                 ranks=ranks,
                 timeout=_seconds(args.timeout),
                 check=not args.unchecked,
                 shapes=args.shapes,
+                timeline=args.timeline,
             )
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
@@ -103,6 +106,20 @@ class DistMagics(Magics):
         args = _parse(self.dist_shapes, line)
         session = self._running()
         show(session.shapes(args.names or None, all=args.all))
+
+    @magic_arguments()
+    @argument("--cells", type=str, default=None, help="only the last N cells")
+    @argument("--export", default=None, help="also write a Chrome/Perfetto trace to PATH.json")
+    @line_magic
+    def dist_timeline(self, line: str) -> None:
+        """Collectives per rank over time: `%dist_timeline [--cells N] [--export PATH.json]`."""
+        args = _parse(self.dist_timeline, line)
+        cells = _whole(args.cells, "--cells") if args.cells is not None else None
+        view = self._running().timeline(cells)
+        if args.export:
+            view.export_chrome_trace(args.export)
+            print(f"distnb: wrote {args.export} (open it in https://ui.perfetto.dev)")
+        show(view)
 
     def _running(self) -> Session:
         if self.session is None or not self.session.running:

@@ -36,7 +36,8 @@ def kernel() -> Iterator[tuple[Any, Any]]:
 
 
 def execute(kc: Any, code: str, timeout: float = 60) -> tuple[str, list[dict[str, Any]]]:
-    """Run `code`; return its reply status and every output message's content."""
+    """Run `code`; return its reply status and every output message's content (the reply's
+    execution count last, as `{"type": "reply", ...}`)."""
     msg_id = kc.execute(code)
     outputs = []
     while True:
@@ -49,6 +50,7 @@ def execute(kc: Any, code: str, timeout: float = 60) -> tuple[str, list[dict[str
         if kind in ("stream", "display_data", "update_display_data", "execute_result", "error"):
             outputs.append({"type": kind, **msg["content"]})
     reply = kc.get_shell_msg(timeout=timeout)
+    outputs.append({"type": "reply", **reply["content"]})
     return reply["content"]["status"], outputs
 
 
@@ -93,6 +95,13 @@ def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, A
     }
     shown = "\n".join(text for text in final.values() if text)
     assert shown == "[rank 0] 0 [1.0, 1.0]\n[rank 1] 1 [1.0, 1.0]"
+
+    # errors name the cell as the notebook numbers it, and its line counting the magic's line
+    status, outputs = execute(kc, "%%allranks\nx = 1\nraise KeyError(rank)")
+    count = outputs[-1]["execution_count"]
+    assert status == "error"
+    assert f"cell In[{count}] failed" in text_of(outputs)
+    assert f"Cell In[{count}], line 3" in text_of(outputs)
 
     _, outputs = execute(kc, PIDS)
     pids = json.loads(text_of(outputs).strip().splitlines()[-1])

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
+from distnb.records.collective import CollectiveEvent
 from distnb.records.shapes import ShapeScan
 
 # The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
@@ -99,6 +101,20 @@ def scan(names: list[str] | None, include_all: bool) -> ShapeScan:
     return scan_namespace(
         ns, names, include_all=include_all, rank=rank, device=str(current_device())
     )
+
+
+def events(since_cell: int | None) -> list[CollectiveEvent]:
+    """This rank's recorded collectives, from run `since_cell` on (all when None)."""
+    try:
+        from distnb.rank import checked
+    except ImportError:
+        return []
+    return checked.events(since_cell) if checked.installed() else []
+
+
+def clock_ns() -> int:
+    """This rank's monotonic clock, which its collective events are stamped with."""
+    return time.monotonic_ns()
 
 
 def current_device() -> torch.device:
@@ -250,6 +266,9 @@ def main_stack() -> str:
         # Frames below the cell are ipyparallel's and IPython's machinery.
         entries = entries[cells[0] :]
     lines.append("Stack (most recent call last):")
+    package = os.path.dirname(os.path.dirname(__file__))
+    # distnb's own frames (a checked collective waiting for peers) say nothing to the user.
+    entries = [e for e in entries if not e.filename.startswith(package)]
     for entry in entries:
         cell = cell_of_file(entry.filename)
         where = f"In[{cell}]" if cell is not None else entry.filename

@@ -25,6 +25,8 @@ from distnb.views.status import Progress, Status
 
 if TYPE_CHECKING:
     from distnb.views.shapes import ShapeTableView
+    from distnb.views.timeline import TimelineView
+    from distnb.views.timeline_model import ClockOffsets
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_CPU_RANKS = 2
@@ -206,13 +208,15 @@ class Session:
         timeout: float | None = None,
         check: bool = True,
         shapes: bool = False,
+        timeline: bool = False,
     ) -> CellResult:
         """Run `code` on every rank (or the listed ones) and show each rank's output.
 
         Raises `RankError` (with each rank's traceback) if ranks raise, `RankTimeoutError` with
         a hang report past `timeout` seconds, `RankDiedError` if a rank's process exits.
         `check=False` runs the cell without the checked-collective runtime; `shapes=True` shows
-        the shape table of the names the cell assigned, after it.
+        the shape table of the names the cell assigned, after it; `timeline=True` the cell's
+        collective timeline.
         """
         if not self.running:
             raise SessionError(
@@ -241,6 +245,10 @@ class Session:
             from distnb.views.display import show
 
             show(self.shapes(assigned_names(code)))
+        if timeline:
+            from distnb.views.display import show
+
+            show(self.timeline(cells=1))
         return result
 
     def call(
@@ -285,6 +293,23 @@ class Session:
 
         return ShapeTableView.from_scans(self.call(runtime.scan, names, all))
 
+    def timeline(self, cells: int | None = None) -> TimelineView:
+        """Every recorded collective of the last `cells` cells (all kept, by default), per rank."""
+        from distnb.rank import runtime
+        from distnb.views.timeline import TimelineView
+
+        since = None if cells is None else max(1, self._cells - cells + 1)
+        events = [e for per_rank in self.call(runtime.events, since) for e in per_rank]
+        return TimelineView(events, self._clock_offsets())
+
+    def _clock_offsets(self) -> ClockOffsets | None:
+        """Per-rank offsets onto the kernel's clock: none on one host (one monotonic clock)."""
+        from distnb.session.clocks import estimate_offsets
+
+        if len({r.host for r in self.ranks}) <= 1:
+            return None
+        return estimate_offsets(self.call, [r.rank for r in self.ranks])
+
     def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
         if ranks is None:
             return list(self.ranks)
@@ -302,7 +327,12 @@ class Session:
 
         shell = get_ipython()
         self._cells += 1
-        return int(shell.execution_count) if shell is not None else self._cells
+        if shell is None:
+            return self._cells
+        # While a cell runs, IPython has already counted on to the next number; the running
+        # cell's own number is on its result.
+        running = getattr(shell.displayhook, "exec_result", None)
+        return int(running.execution_count if running is not None else shell.execution_count)
 
     def _on_death(self, info: RankInfo, how: str) -> None:
         self._broken = (

@@ -6,8 +6,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,12 +17,24 @@ from tests.conftest import plain
 pytestmark = pytest.mark.cluster
 
 
+class Runner:
+    """Runs a cell through `session.run` or through `%%allranks`."""
+
+    def __init__(self, how: str, session: Any, shell: Any) -> None:
+        self.how, self.session, self.shell = how, session, shell
+        # Under the magic, line 1 of the notebook cell is the `%%allranks` line.
+        self.offset = 1 if how == "magic" else 0
+
+    def __call__(self, code: str, line: str = "") -> object:
+        if self.how == "python":
+            return self.session.run(code, **_kwargs(line))
+        return self.shell.run_cell_magic("allranks", line, code)
+
+
 @pytest.fixture(params=["python", "magic"])
-def run(request: pytest.FixtureRequest, session: object, shell: object) -> Callable[..., object]:
-    """Run a cell through `session.run` or through `%%allranks`: every test runs both ways."""
-    if request.param == "python":
-        return lambda code, line="": session.run(code, **_kwargs(line))  # type: ignore[attr-defined]
-    return lambda code, line="": shell.run_cell_magic("allranks", line, code)  # type: ignore[attr-defined]
+def run(request: pytest.FixtureRequest, session: object, shell: object) -> Runner:
+    """Every test taking `run` runs both ways: the Python API and the magic."""
+    return Runner(request.param, session, shell)
 
 
 def _kwargs(line: str) -> dict[str, object]:
@@ -37,7 +49,7 @@ def _kwargs(line: str) -> dict[str, object]:
 
 
 def test_all_reduce_output_is_labelled_in_rank_order(
-    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+    run: Runner, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run("x = torch.ones(3) * (rank + 1)\ndist.all_reduce(x)\nprint(rank, world_size, x.tolist())")
     out = capsys.readouterr().out
@@ -45,7 +57,7 @@ def test_all_reduce_output_is_labelled_in_rank_order(
 
 
 def test_identical_output_is_collapsed_and_stderr_kept(
-    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+    run: Runner, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run("import sys\nprint('same')\nprint('warn', rank, file=sys.stderr)")
     captured = capsys.readouterr()
@@ -53,23 +65,19 @@ def test_identical_output_is_collapsed_and_stderr_kept(
     assert "[rank 0] warn 0\n[rank 1] warn 1\n" in captured.err
 
 
-def test_namespace_holds_the_rank_names(
-    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_namespace_holds_the_rank_names(run: Runner, capsys: pytest.CaptureFixture[str]) -> None:
     run("print(rank, world_size, local_rank, device, torch.__name__, dist.get_rank())")
     out = capsys.readouterr().out
     assert "[rank 1] 1 2 1 cpu torch 1" in out
 
 
-def test_ranks_option_runs_on_a_subset(
-    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_ranks_option_runs_on_a_subset(run: Runner, capsys: pytest.CaptureFixture[str]) -> None:
     run("print('only', rank)", "--ranks 1")
     out = capsys.readouterr().out
     assert "[rank 1] only 1" in out and "[rank 0]" not in out
 
 
-def test_errors_show_each_rank_traceback_with_cell_lines(run: Callable[..., object]) -> None:
+def test_errors_show_each_rank_traceback_with_cell_lines(run: Runner) -> None:
     with pytest.raises(RankError) as info:
         run("x = 1\nif rank == 1:\n    raise ValueError(f'bad input on {rank}')\n")
     err = info.value
@@ -77,10 +85,10 @@ def test_errors_show_each_rank_traceback_with_cell_lines(run: Callable[..., obje
     assert [f.rank for f in err.failures] == [1]
     text = plain("\n".join(err._render_traceback_()))
     assert "[rank 1] ValueError: bad input on 1" in text
-    assert "line 3" in text and "raise ValueError" in text
+    assert f"line {3 + run.offset}" in text and "raise ValueError" in text
 
 
-def test_identical_errors_collapse(run: Callable[..., object]) -> None:
+def test_identical_errors_collapse(run: Runner) -> None:
     with pytest.raises(RankError) as info:
         run("import math\nmath.sqrt(-1)")
     text = plain("\n".join(info.value._render_traceback_()))
@@ -89,7 +97,7 @@ def test_identical_errors_collapse(run: Callable[..., object]) -> None:
 
 
 def test_timeout_gives_a_hang_report_and_the_cluster_stays_usable(
-    run: Callable[..., object], capsys: pytest.CaptureFixture[str]
+    run: Runner, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(RankTimeoutError) as info:
         run("import time\nif rank == 1:\n    time.sleep(60)\n", "--timeout 1")
@@ -97,7 +105,7 @@ def test_timeout_gives_a_hang_report_and_the_cluster_stays_usable(
     states = {r.rank: r.state.value for r in err.reports}
     assert states == {0: "finished", 1: "running"}
     stack = err.reports[1].stack
-    assert "line 3: time.sleep(60)" in stack.splitlines()[0]
+    assert f"line {3 + run.offset}: time.sleep(60)" in stack.splitlines()[0]
     assert "interrupted; the cluster is ready" in err.message
     capsys.readouterr()
     run("print('after', rank)")
