@@ -9,6 +9,8 @@
         └── CollectiveError          the checked runtime stopped a collective before data moved
             ├── CollectiveMismatchError   ranks called incompatible collectives
             └── CollectiveDesyncError     a rank never arrived at a collective its peers wait at
+    └── OverflowStop                 the overflow tracer stopped a run as asked (`abort_after`)
+        └── NonFiniteError           a watched tensor went NaN/Inf under `stop_on_nonfinite`
 
     DistnbWarning (UserWarning)
 
@@ -21,8 +23,13 @@ kernel, so `except distnb.errors.CollectiveMismatchError` works on both sides.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from distnb.records.cell import RankFailure, RankReport
+
+if TYPE_CHECKING:
+    from distnb.records.collective import Mismatch
+    from distnb.records.overflow import RankOverflowReport
 
 __all__ = [
     "CollectiveDesyncError",
@@ -31,6 +38,8 @@ __all__ = [
     "ConfigError",
     "DistnbError",
     "DistnbWarning",
+    "NonFiniteError",
+    "OverflowStop",
     "RankDiedError",
     "RankError",
     "RankTimeoutError",
@@ -111,15 +120,49 @@ class RankDiedError(RankError):
 
 
 class CollectiveError(RankError):
-    """The checked runtime stopped a collective before any data moved."""
+    """The checked runtime stopped a collective before any data moved.
+
+    Its message already names every rank's call and line; the ranks' tracebacks (which end in
+    distnb's own frames) stay on `err.failures` instead of being printed.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"{type(self).__name__}: {self.message}"]
+        if self.failures:
+            lines.append(f"(raised on {format_ranks(f.rank for f in self.failures)})")
+        return lines
 
 
 class CollectiveMismatchError(CollectiveError):
-    """Ranks called collectives that do not fit together (op, shape, dtype, root, ...)."""
+    """Ranks called collectives that do not fit together (op, shape, dtype, root, ...).
+
+    `mismatch` is the record (kind, op, seq, each rank's fingerprint), when known.
+    """
+
+    mismatch: Mismatch | None = None
 
 
 class CollectiveDesyncError(CollectiveError):
     """A rank never arrived at a collective that its peers wait at."""
+
+
+class OverflowStop(DistnbError):
+    """The overflow tracer stopped the run as asked (`abort_after`); `report` says what it saw.
+
+    Raised on a rank, it detaches the tracer's hooks first; the cell then fails in the kernel
+    with a `RankError` naming the rank, and the cluster stays usable.
+    """
+
+    def __init__(self, message: str, report: RankOverflowReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keeps `report` when pickled to the kernel
+        return (type(self), (str(self), self.report))
+
+
+class NonFiniteError(OverflowStop):
+    """A watched tensor held NaN or Inf and the watch had `stop_on_nonfinite=True`."""
 
 
 def group_failures(

@@ -121,6 +121,45 @@ class DistMagics(Magics):
             print(f"distnb: wrote {args.export} (open it in https://ui.perfetto.dev)")
         show(view)
 
+    @magic_arguments()
+    @argument("name", nargs="?", default=None, help="the module in each rank's namespace")
+    @argument("--frames", type=str, default="21", help="frames kept before the first NaN/Inf")
+    @argument("--trace-batches", default="", help="steps whose every frame is kept, e.g. 1,3")
+    @argument("--abort-after", type=str, default=None, help="stop the ranks after step N")
+    @argument("--stop", action="store_true", help="stop the ranks at the first NaN/Inf")
+    @argument("--stats", default="fast", help="fast, auto (with counts) or full")
+    @argument("--detach", action="store_true", help="remove the trace from NAME")
+    @argument("--report", action="store_true", help="show every trace's report")
+    @line_magic
+    def dist_overflow(self, line: str) -> None:
+        """Trace inf/NaN and fp16/bf16 headroom per module, forward and backward, per rank."""
+        args = _parse(self.dist_overflow, line)
+        session = self._running()
+        try:
+            if args.report:
+                views = session.overflow_report()
+                if not views:
+                    print("distnb: no overflow trace; start one with %dist_overflow NAME")
+                for view in views.values():
+                    show(view)
+            elif args.name is None:
+                raise UsageError("name the module to trace: %dist_overflow model")
+            elif args.detach:
+                session.overflow_detach(args.name)
+            else:
+                session.overflow(
+                    args.name,
+                    frames=_whole(args.frames, "--frames"),
+                    trace_batches=_rank_list(args.trace_batches) if args.trace_batches else (),
+                    abort_after=_whole(args.abort_after, "--abort-after")
+                    if args.abort_after is not None
+                    else None,
+                    stop_on_nonfinite=args.stop,
+                    stats=args.stats,
+                )
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+
     def _running(self) -> Session:
         if self.session is None or not self.session.running:
             raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")

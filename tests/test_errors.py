@@ -13,7 +13,7 @@ def test_format_ranks_collapses_runs() -> None:
 def test_identical_failures_collapse_and_tracebacks_are_capped() -> None:
     same = [RankFailure(r, "ValueError", "bad", "tb") for r in range(4)]
     other = [RankFailure(r, "KeyError", f"k{r}", f"tb{r}") for r in range(4, 10)]
-    err = RankError("cell [1] failed", [*other, *same])
+    err = RankError("cell In[1] failed", [*other, *same])
     assert next(ranks for ranks, _ in group_failures(err.failures)) == [0, 1, 2, 3]
     text = "\n".join(err._render_traceback_())
     assert "[ranks 0-3] ValueError: bad" in text

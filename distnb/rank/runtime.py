@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
-from distnb.records.collective import CollectiveEvent
+from distnb.records.collective import CollectiveEvent, Mismatch
+from distnb.records.overflow import RankOverflowReport
 from distnb.records.shapes import ShapeScan
 
 # The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
@@ -101,6 +102,44 @@ def scan(names: list[str] | None, include_all: bool) -> ShapeScan:
     return scan_namespace(
         ns, names, include_all=include_all, rank=rank, device=str(current_device())
     )
+
+
+def overflow_watch(name: str, options: dict[str, Any]) -> None:
+    """Start the overflow tracer on the module this rank's namespace calls `name`."""
+    from distnb.rank import overflow
+
+    overflow.attach(name, _lookup(name), **options)
+
+
+def overflow_detach(name: str) -> bool:
+    from distnb.rank import overflow
+
+    return overflow.detach(name)
+
+
+def overflow_reports() -> dict[str, RankOverflowReport]:
+    from distnb.rank import overflow
+
+    return {name: w.report() for name, w in overflow.attached().items()}
+
+
+def _lookup(path: str) -> Any:
+    """`model` or `model.encoder` from the rank's namespace, or a NameError saying what is there."""
+    ns = _shell.user_ns if _shell is not None else {}
+    head, *rest = path.split(".")
+    if head not in ns:
+        raise NameError(f"this rank has no {head!r}; define it in an %%allranks cell first")
+    obj = ns[head]
+    for part in rest:
+        obj = getattr(obj, part)
+    return obj
+
+
+def last_mismatch() -> Mismatch | None:
+    """The collective mismatch this rank raised last, as a record."""
+    from distnb.rank import checked
+
+    return checked.last_mismatch() if checked.installed() else None
 
 
 def events(since_cell: int | None) -> list[CollectiveEvent]:

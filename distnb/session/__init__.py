@@ -15,15 +15,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from distnb.errors import ConfigError, RankError, SessionError, format_ranks
+from distnb.errors import (
+    CollectiveDesyncError,
+    CollectiveMismatchError,
+    ConfigError,
+    RankError,
+    SessionError,
+    format_ranks,
+)
 from distnb.records.cell import RankFailure, RankInfo, RankSpec
 from distnb.session.cells import CellResult, CellRun, Referee, assigned_names
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
 from distnb.session.ranks import assign_ranks, choose_backend
+from distnb.session.referee import DesyncReferee, skipped_call
 from distnb.views.status import Progress, Status
 
 if TYPE_CHECKING:
+    from distnb.views.overflow import OverflowView
     from distnb.views.shapes import ShapeTableView
     from distnb.views.timeline import TimelineView
     from distnb.views.timeline_model import ClockOffsets
@@ -96,7 +105,7 @@ class Session:
     def __init__(self, options: Options) -> None:
         self.options = options.validated()
         self.ranks: tuple[RankInfo, ...] = ()
-        self.referee = Referee()
+        self.referee: Referee = Referee()
         self._cluster: Cluster | None = None
         self._control: ControlPlane | None = None
         self._broken = ""
@@ -118,6 +127,7 @@ class Session:
             self._control = ControlPlane(opts.host)
             client = self._cluster.wait_registered(lambda k: progress.show("engines registered", k))
             self.ranks = self._init_ranks(client, progress)
+            self.referee = DesyncReferee(self._control.store)
         except BaseException as exc:
             progress.close()
             self._teardown()
@@ -172,6 +182,9 @@ class Session:
             self._cluster.stop()
             self._cluster = None
         if self._control is not None:
+            from distnb.rank.exchange import cleanup
+
+            cleanup(self._control.session_id)  # shared-memory boards of crashed ranks
             self._control.close()
             self._control = None
 
@@ -240,7 +253,14 @@ class Session:
             self.referee,
             self._on_death,
         )
-        result = run.wait()
+        try:
+            result = run.wait()
+        except CollectiveMismatchError as err:
+            self._explain_mismatch(err)
+            raise
+        except CollectiveDesyncError as err:
+            self._explain_desync(err, run.run_id)
+            raise
         if shapes:
             from distnb.views.display import show
 
@@ -293,6 +313,28 @@ class Session:
 
         return ShapeTableView.from_scans(self.call(runtime.scan, names, all))
 
+    def overflow(self, name: str, **options: Any) -> None:
+        """Trace overflow on every rank's module `name`: `distnb.overflow.watch`'s options."""
+        from distnb.rank import runtime
+
+        self.call(runtime.overflow_watch, name, options)
+
+    def overflow_detach(self, name: str) -> None:
+        """Remove every hook of the tracer on `name`: ranks run at full speed again."""
+        from distnb.rank import runtime
+
+        if not any(self.call(runtime.overflow_detach, name)):
+            raise ConfigError(f"no overflow trace named {name!r}; start one with %dist_overflow")
+
+    def overflow_report(self) -> dict[str, OverflowView]:
+        """Each traced module's frames per rank, and which rank went non-finite first."""
+        from distnb.rank import runtime
+        from distnb.views.overflow import OverflowView
+
+        per_rank = self.call(runtime.overflow_reports)
+        names = sorted({name for reports in per_rank for name in reports})
+        return {n: OverflowView([r[n] for r in per_rank if n in r]) for n in names}
+
     def timeline(self, cells: int | None = None) -> TimelineView:
         """Every recorded collective of the last `cells` cells (all kept, by default), per rank."""
         from distnb.rank import runtime
@@ -309,6 +351,29 @@ class Session:
         if len({r.host for r in self.ranks}) <= 1:
             return None
         return estimate_offsets(self.call, [r.rank for r in self.ranks])
+
+    def _explain_desync(self, err: CollectiveDesyncError, run_id: int) -> None:
+        """Now that every rank is idle, their recorded calls can say which one was skipped."""
+        from distnb.rank import runtime
+
+        events = [e for per_rank in self.call(runtime.events, run_id) for e in per_rank]
+        waiting = self.referee.waiters.pop(run_id, [])
+        skipped = skipped_call([e for e in events if e.cell == run_id], waiting)
+        if skipped:
+            err.message += f"\n{skipped}"
+            err.args = (err.message,)
+
+    def _explain_mismatch(self, err: CollectiveMismatchError) -> None:
+        """Fetch the record from a rank that raised it; in Jupyter, show it as a table."""
+        from distnb.rank import runtime
+        from distnb.views.display import in_kernel
+        from distnb.views.mismatch import MismatchView
+
+        (err.mismatch,) = self.call(runtime.last_mismatch, ranks=[err.failures[0].rank])
+        if err.mismatch is not None and in_kernel():
+            from IPython.display import display
+
+            display(MismatchView(err.mismatch))  # type: ignore[no-untyped-call]
 
     def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
         if ranks is None:

@@ -55,8 +55,14 @@ class CellResult:
 class Referee:
     """Watches a running cell from the kernel; the checked runtime plugs in here.
 
-    `tick` runs on every wake of the wait loop with the ranks' states so far.
+    `tick` runs on every wake of the wait loop with the ranks' states so far; `waiters` keeps,
+    per run id, the beacons of the ranks it released.
     """
+
+    waiters: dict[int, list[dict[str, Any]]]
+
+    def __init__(self) -> None:
+        self.waiters = {}
 
     def tick(self, run_id: int, states: dict[int, RankState], failures: dict[int, str]) -> None:
         pass

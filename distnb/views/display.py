@@ -22,9 +22,14 @@ def bundle(view: View, live: bool) -> dict[str, Any]:
     return data
 
 
-def show(view: View) -> None:
+def in_kernel() -> bool:
+    """True in a Jupyter kernel, where displays can be widgets and be updated in place."""
     from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def show(view: View) -> None:
     from IPython.display import display
 
-    live = getattr(get_ipython(), "kernel", None) is not None
-    display(bundle(view, live), raw=True)  # type: ignore[no-untyped-call]
+    display(bundle(view, in_kernel()), raw=True)  # type: ignore[no-untyped-call]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distnb.errors import format_ranks
+from distnb.views.display import in_kernel
 
 
 @dataclass
@@ -54,7 +55,7 @@ class CellOutput:
 
     def __init__(self, ranks: Sequence[int]) -> None:
         self.ranks = list(ranks)
-        self.live = _in_kernel()
+        self.live = in_kernel()
         self._handles: dict[int, Any] = {}
         self._shown: dict[int, str] = {}
         if self.live:
@@ -124,9 +125,3 @@ class _Text:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.text.rstrip("\n"))
-
-
-def _in_kernel() -> bool:
-    from IPython import get_ipython
-
-    return getattr(get_ipython(), "kernel", None) is not None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distnb.records.cell import RankInfo
+from distnb.views.display import in_kernel
 
 COLUMNS = ("rank", "host", "pid", "device", "backend")
 
@@ -49,13 +50,11 @@ class Progress:
     """A one-line progress bar: updated in place in a kernel, printed per phase elsewhere."""
 
     def __init__(self, total: int, enabled: bool = True) -> None:
-        from IPython import get_ipython
-
         self.total = total
         self.enabled = enabled
         self._handle: Any = None
         self._last = ""
-        if enabled and getattr(get_ipython(), "kernel", None) is not None:
+        if enabled and in_kernel():
             from IPython.display import display
 
             self._handle = display({"text/plain": ""}, raw=True, display_id=True)  # type: ignore[no-untyped-call]

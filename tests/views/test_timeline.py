@@ -153,7 +153,7 @@ def test_text_names_the_straggler_and_the_call_site() -> None:
     lines = text.splitlines()
     row = lines[lines.index("Stragglers (arrived last; the others' wait for it):") + 2]
     assert row.split()[:2] == ["2", "6"]
-    assert "cell [7] line 3: dist.all_reduce(x)" in text
+    assert "cell In[7] line 3: dist.all_reduce(x)" in text
     assert "all_reduce" in text and "busbw GB/s" in text
 
 
@@ -175,7 +175,7 @@ def test_html_has_svg_with_call_site_tooltips_and_tables() -> None:
     ns = "{http://www.w3.org/2000/svg}"
     titles = [t.text or "" for t in svg.iter(f"{ns}title")]
     assert len(titles) == 7  # one per collective
-    assert any("last: rank 2" in t and "cell [7] line 3: dist.all_reduce(x)" in t for t in titles)
+    assert any("last: rank 2" in t and "cell In[7] line 3: dist.all_reduce(x)" in t for t in titles)
     assert any("pattern" in el.tag for el in svg.iter())  # hatched waits
     assert "Stragglers" in html and "Per op" in html and "<script" not in html
 
@@ -264,7 +264,7 @@ def test_chrome_trace_is_valid_with_every_event_and_a_process_per_rank(tmp_path:
     first = next(
         e for e in ops if e["pid"] == 0 and e["args"]["seq"] == 0 and e["args"]["group"] == "WORLD"
     )
-    assert first["args"]["call_site"] == "cell [7] line 3" and first["args"]["bytes"] == 1 << 20
+    assert first["args"]["call_site"] == "cell In[7] line 3" and first["args"]["bytes"] == 1 << 20
     assert first["dur"] == pytest.approx(100.0)  # µs
 
 

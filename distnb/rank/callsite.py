@@ -1,0 +1,101 @@
+"""Where the user called a collective: the innermost frame that is the user's own code.
+
+Frames of torch and distnb are never the user's; frames of other installed libraries
+(site-packages) and of the standard library are skipped too, so that `accelerate.gather(x)` in a
+cell reports the cell's line; when the whole stack is library code, the innermost frame outside
+torch and distnb is reported instead.
+
+Runs on every checked call, so it is cheap: a `sys._getframe` walk with one dict lookup per frame
+(what we know about a code object is cached), and the source line is read once per (code, line).
+Notebook cells compile to files like `<ipython-input-3-abc>` or `/tmp/ipykernel_1/456.py`; the
+session maps them to cell numbers with `set_cell_resolver`; without it sites are `file:line`.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from collections.abc import Callable
+from types import CodeType, FrameType
+
+import torch
+
+__all__ = ["Site", "lookup", "set_cell_resolver"]
+
+# (file, line, cell or -1, source line): a plain tuple, so it marshals into a fingerprint as is
+Site = tuple[str, int, int, str]
+
+# torch's frames and distnb's own (this file is distnb/rank/callsite.py) are never the user's
+_INTERNAL_DIRS = (
+    os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+_LIBRARY_DIRS = tuple(
+    {
+        os.path.abspath(p) + os.sep
+        for key in ("purelib", "platlib", "stdlib", "platstdlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+)
+_MAX_CACHE = 4096
+_CODE_LEN = 120
+
+# code object -> (0: user's, 1: another library's, 2: torch's or distnb's; file; cell or -1)
+_codes: dict[CodeType, tuple[int, str, int]] = {}
+_lines: dict[tuple[CodeType, int], str] = {}
+_resolver: Callable[[str], int | None] | None = None
+
+
+def set_cell_resolver(resolver: Callable[[str], int | None] | None) -> None:
+    """Map compiled-cell filenames to cell numbers from now on (None: report file:line)."""
+    global _resolver
+    if resolver is not _resolver:
+        _resolver = resolver
+        _codes.clear()
+
+
+def lookup(skip: int = 2) -> Site:
+    """The user's innermost frame, starting `skip` frames above the caller (see module doc)."""
+    frame: FrameType | None = sys._getframe(skip)
+    fallback: tuple[FrameType, tuple[int, str, int]] | None = None
+    while frame is not None:
+        code = frame.f_code
+        info = _codes.get(code)
+        if info is None:
+            info = _classify(code)
+        if info[0] == 0:
+            return _site(frame, info)
+        if info[0] == 1 and fallback is None:
+            fallback = frame, info
+        frame = frame.f_back
+    return _site(*fallback) if fallback is not None else ("<unknown>", 0, -1, "")
+
+
+def _site(frame: FrameType, info: tuple[int, str, int]) -> Site:
+    line = frame.f_lineno or 0
+    return info[1], line, info[2], _source(frame.f_code, info[1], line)
+
+
+def _classify(code: CodeType) -> tuple[int, str, int]:
+    if len(_codes) >= _MAX_CACHE:
+        _codes.clear()
+    file = code.co_filename
+    path = os.path.abspath(file) if os.sep in file else ""
+    kind = 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
+    cell = _resolver(file) if _resolver is not None and kind == 0 else None
+    info = (kind, file, -1 if cell is None else cell)
+    _codes[code] = info
+    return info
+
+
+def _source(code: CodeType, file: str, line: int) -> str:
+    key = (code, line)
+    text = _lines.get(key)
+    if text is None:
+        if len(_lines) >= _MAX_CACHE:
+            _lines.clear()
+        text = linecache.getline(file, line).strip()[:_CODE_LEN]
+        _lines[key] = text
+    return text

@@ -1,0 +1,69 @@
+"""A bounded ring of the collectives this rank ran, for the timeline.
+
+Adding an event must cost well under the 5 us budget, so the ring holds plain lists (one
+allocation, no dataclass `__init__`); `CollectiveEvent` records are built only when asked for.
+Lists rather than tuples because an async op's end time is filled in later, from a callback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distnb.errors import ConfigError
+from distnb.records.collective import CallSite, CollectiveEvent
+
+__all__ = ["END", "Recorder"]
+
+# entry layout: [rank, group, seq, op, nbytes, site, arrive_ns, start_ns, end_ns, cell, size]
+# where site is callsite.Site: (file, line, cell or -1, code)
+END = 8
+
+
+class Recorder:
+    """The last `size` events; older ones are overwritten."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ConfigError(f"ring_size must be at least 1, got {size}")
+        self.size = size
+        self.ring: list[list[Any] | None] = [None] * size
+        self.count = 0
+
+    def add(self, entry: list[Any]) -> None:
+        self.ring[self.count % self.size] = entry
+        self.count += 1
+
+    def events(self, since_cell: int | None = None) -> list[CollectiveEvent]:
+        """Oldest first; with `since_cell`, only events of that cell and later ones."""
+        start = max(0, self.count - self.size)
+        out = []
+        for i in range(start, self.count):
+            entry = self.ring[i % self.size]
+            if entry is None:
+                continue
+            cell = entry[9]
+            if since_cell is not None and (cell is None or cell < since_cell):
+                continue
+            out.append(_event(entry))
+        return out
+
+    def clear(self) -> None:
+        self.ring = [None] * self.size
+        self.count = 0
+
+
+def _event(e: list[Any]) -> CollectiveEvent:
+    file, line, cell, code = e[5]
+    return CollectiveEvent(
+        rank=e[0],
+        group=e[1],
+        seq=e[2],
+        op=e[3],
+        nbytes=e[4],
+        site=CallSite(file, line, None if cell < 0 else cell, code),
+        arrive_ns=e[6],
+        start_ns=e[7],
+        end_ns=e[END],
+        cell=e[9],
+        group_size=e[10],
+    )

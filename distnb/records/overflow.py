@@ -1,0 +1,295 @@
+"""Records of the overflow tracer, and the pure cross-rank summary over them.
+
+A rank watches a model (`distnb.overflow.watch`); what comes back to the kernel is one
+`RankOverflowReport` per rank, and `summarize(reports)` says which rank went non-finite first.
+
+Terms:
+
+- **step**: one training step as the tracer counts it: from one forward of the root module to the
+  next (or to `Watch.step()` when steps are explicit). Numbered from 0 on every rank.
+- **micro-step**: a forward of the root module within a step; always 0 unless steps are explicit
+  (gradient accumulation runs several micro-steps per step).
+- **frame**: one tensor seen at one point: a module call's input, output or weight (phase
+  `forward`), the gradient flowing into a module's output (`backward`), or a parameter's `.grad`
+  after accumulation (`grad`). `order` numbers the frames of a step in the order they were seen;
+  ranks that run the same code see the same frames in the same order, so (step, micro, order)
+  lines ranks up.
+- **compute dtype**: the dtype the value has to fit in: under autocast, the dtype the module
+  computed in; else the tensor's own dtype. **Headroom** is `log2(finfo(compute).max / abs max)`,
+  the number of doublings left before overflow; **under** counts the non-zero values below
+  `finfo(compute).tiny` (they lose precision or flush to zero).
+
+Counts are `None` where the tracer did not measure them (its `fast` statistics, or the first step a
+tensor showed zeros or non-finite values under `auto`); `min_nonzero` likewise.
+
+Records hold no tensors and import no torch; `to_dict` output is strict JSON (non-finite floats
+are written as the strings "nan", "inf", "-inf").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any
+
+from distnb.errors import format_ranks
+
+__all__ = [
+    "CrossRankSummary",
+    "Frame",
+    "Phase",
+    "RankOverflowReport",
+    "summarize",
+]
+
+
+class Phase(str, Enum):
+    """Where in a step a frame was seen."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    GRAD = "grad"
+
+
+def _float_out(x: float | None) -> float | str | None:
+    if x is None or math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def _float_in(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One tensor at one point of a step, with statistics read back from the device.
+
+    `abs_min`/`abs_max` are the smallest and largest `|x|` (NaN when the tensor holds a NaN;
+    `abs_min` counts zeros, and is None under `fast` statistics when the values change sign).
+    `readback_ns` is `time.time_ns()` when the step was read back.
+    """
+
+    step: int
+    micro: int
+    order: int
+    module: str
+    cls: str
+    phase: Phase
+    name: str
+    dtype: str
+    compute_dtype: str
+    numel: int
+    abs_min: float | None
+    abs_max: float
+    min_nonzero: float | None = None
+    nan: int | None = None
+    inf: int | None = None
+    zeros: int | None = None
+    under: int | None = None
+    headroom_bits: float | None = None
+    readback_ns: int = 0
+
+    @property
+    def nonfinite(self) -> bool:
+        return not math.isfinite(self.abs_max)
+
+    @property
+    def where(self) -> str:
+        """`layers.2 (Linear) forward output`."""
+        return f"{self.module or '<root>'} ({self.cls}) {self.phase.value} {self.name}"
+
+    @property
+    def point(self) -> tuple[int, int, int]:
+        """(step, micro, order): the position that lines ranks up."""
+        return (self.step, self.micro, self.order)
+
+    @property
+    def underflow_share(self) -> float | None:
+        """Share of the non-zero values that lie under the compute dtype's `tiny`."""
+        if self.under is None or self.zeros is None or self.nan is None:
+            return None
+        nonzero = self.numel - self.zeros - self.nan
+        return self.under / nonzero if nonzero else 0.0
+
+    def describe(self) -> str:
+        """What is wrong with the values, in words: `3 NaN, 1 Inf of 4096 values`."""
+        if not self.nonfinite:
+            return f"|x| max {self.abs_max:.3g}"
+        if self.nan is None or self.inf is None:
+            kind = "NaN" if math.isnan(self.abs_max) else "Inf"
+            return f"{kind} among {self.numel} values (counts not measured)"
+        return f"{self.nan} NaN, {self.inf} Inf of {self.numel} values"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["phase"] = self.phase.value
+        for key in ("abs_min", "abs_max", "min_nonzero", "headroom_bits"):
+            d[key] = _float_out(d[key])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Frame:
+        kw = dict(d)
+        kw["phase"] = Phase(kw["phase"])
+        for key in ("abs_min", "abs_max", "min_nonzero", "headroom_bits"):
+            kw[key] = _float_in(kw.get(key))
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class RankOverflowReport:
+    """What one rank's tracer saw.
+
+    `first`: the first non-finite frame (None while every value was finite). `ring`: the last
+    frames up to and including `first` (while clean: the last frames of the latest step).
+    `traced`: every frame of the steps listed in `trace_batches`. `headroom`: the frames that
+    raised a low-headroom warning, the first time each (module, phase) did. `readbacks`: how many
+    host syncs the tracer made (one per step and device). `stopped`: why the watch stopped the
+    run (`"nonfinite"`, `"abort_after"`), else empty.
+    """
+
+    rank: int
+    steps: int
+    readbacks: int
+    first: Frame | None = None
+    ring: tuple[Frame, ...] = ()
+    traced: tuple[Frame, ...] = ()
+    headroom: tuple[Frame, ...] = ()
+    stopped: str = ""
+    stats: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "steps": self.steps,
+            "readbacks": self.readbacks,
+            "first": None if self.first is None else self.first.to_dict(),
+            "ring": [f.to_dict() for f in self.ring],
+            "traced": [f.to_dict() for f in self.traced],
+            "headroom": [f.to_dict() for f in self.headroom],
+            "stopped": self.stopped,
+            "stats": self.stats,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RankOverflowReport:
+        def frames(key: str) -> tuple[Frame, ...]:
+            return tuple(Frame.from_dict(f) for f in d.get(key, ()))
+
+        first = d.get("first")
+        return cls(
+            rank=int(d["rank"]),
+            steps=int(d["steps"]),
+            readbacks=int(d["readbacks"]),
+            first=None if first is None else Frame.from_dict(first),
+            ring=frames("ring"),
+            traced=frames("traced"),
+            headroom=frames("headroom"),
+            stopped=str(d.get("stopped", "")),
+            stats=str(d.get("stats", "auto")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CrossRankSummary:
+    """Which rank went non-finite first, and who got it later.
+
+    - `first_rank`/`first`: the earliest first non-finite frame over all ranks, by (step,
+      micro-step, order), then by the wall-clock time of that step's readback, then by rank.
+    - `origin`: every rank whose first non-finite frame is at that same (step, micro, order):
+      they went bad at the same point on their own.
+    - `received`: ranks whose first non-finite value comes at a later point. In data-parallel
+      training that is what a collective does: an all-reduce of gradients (or DDP) carries the
+      origin's Inf into every rank's `.grad`, and the optimizer into every rank's weights, so the
+      other ranks first show it at the next backward's `.grad` or the next step's weights.
+    - `clean`: ranks that stayed finite.
+
+    Order only lines ranks up when they run the same modules in the same sequence (the usual
+    data-parallel case); with rank-dependent control flow, compare `firsts` by hand.
+    """
+
+    ranks: tuple[int, ...]
+    firsts: tuple[Frame | None, ...]
+    first_rank: int | None
+    origin: tuple[int, ...]
+    received: tuple[int, ...]
+    clean: tuple[int, ...]
+
+    @property
+    def first(self) -> Frame | None:
+        if self.first_rank is None:
+            return None
+        return self.firsts[self.ranks.index(self.first_rank)]
+
+    def lines(self) -> list[str]:
+        first = self.first
+        if first is None:
+            return [f"No non-finite values on {_ranks(self.ranks)}."]
+        who = _ranks(self.origin)
+        out = [
+            f"{who} went non-finite first: step {first.step}"
+            + (f" micro-step {first.micro}" if first.micro else "")
+            + f", {first.where}: {first.describe()}."
+        ]
+        for rank in self.received:
+            f = self.firsts[self.ranks.index(rank)]
+            assert f is not None
+            out.append(
+                f"rank {rank} received it later (likely through a collective): step {f.step}, "
+                f"{f.where}."
+            )
+        if self.clean:
+            out.append(f"Still finite: {_ranks(self.clean)}.")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": list(self.ranks),
+            "firsts": [None if f is None else f.to_dict() for f in self.firsts],
+            "first_rank": self.first_rank,
+            "origin": list(self.origin),
+            "received": list(self.received),
+            "clean": list(self.clean),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CrossRankSummary:
+        return cls(
+            ranks=tuple(d["ranks"]),
+            firsts=tuple(None if f is None else Frame.from_dict(f) for f in d["firsts"]),
+            first_rank=d["first_rank"],
+            origin=tuple(d["origin"]),
+            received=tuple(d["received"]),
+            clean=tuple(d["clean"]),
+        )
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return format_ranks(ranks) if ranks else "no rank"
+
+
+def summarize(reports: Sequence[RankOverflowReport]) -> CrossRankSummary:
+    """Line the ranks' first non-finite frames up; see `CrossRankSummary` for the rules.
+
+    Example::
+
+        summary = summarize([report_rank0, report_rank1])
+        summary.first_rank, summary.received   # (1, (0,))
+    """
+    ordered = sorted(reports, key=lambda r: r.rank)
+    ranks = tuple(r.rank for r in ordered)
+    firsts = tuple(r.first for r in ordered)
+    bad = [(f.point, f.readback_ns, r) for r, f in zip(ranks, firsts, strict=True) if f]
+    if not bad:
+        return CrossRankSummary(ranks, firsts, None, (), (), ranks)
+    point, _, first_rank = min(bad)
+    origin = tuple(r for p, _, r in sorted(bad, key=lambda b: b[2]) if p == point)
+    received = tuple(r for p, _, r in sorted(bad, key=lambda b: b[2]) if p != point)
+    clean = tuple(r for r, f in zip(ranks, firsts, strict=True) if f is None)
+    return CrossRankSummary(ranks, firsts, first_rank, origin, received, clean)

@@ -1,0 +1,106 @@
+"""The kernel's referee: releases ranks that wait at a collective a peer will never reach.
+
+A rank that waits longer than a few milliseconds at a checked collective writes its **beacon**
+(`check/beacon/<rank>`: the group, seq, op, call site and the ranks it waits for). While a cell
+runs, the kernel looks at the beacons whenever a rank has finished, failed or died and others
+still run. If a running rank waits for one that is done, the kernel writes the cell's abort key
+(`check/abort/<run id>`) with the reason, and every waiter raises `CollectiveDesyncError` at
+once instead of hanging until the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from distnb import keys
+from distnb.errors import format_ranks
+from distnb.records.cell import RankState
+from distnb.records.collective import CollectiveEvent
+from distnb.session.cells import Referee
+
+DONE_WORDS = {
+    RankState.FINISHED: "finished the cell",
+    RankState.FAILED: "raised {error}",
+    RankState.DIED: "died",
+}
+
+
+def desync_reason(done: Mapping[int, str], waiters: Sequence[Mapping[str, Any]]) -> str:
+    """The sentence every waiter raises with: who is done, and what the others wait at."""
+    first = waiters[0]
+    where = f" at {first['site']}" if first.get("site") else ""
+    absent = ", ".join(f"{format_ranks([r])} {what}" for r, what in sorted(done.items()))
+    waiting = format_ranks(int(w["rank"]) for w in waiters)
+    return (
+        f"{absent} without calling {first['op']} #{first['seq']} on {first['group']}, "
+        f"which {waiting} {'waits' if len(waiters) == 1 else 'wait'}{where}"
+    )
+
+
+class DesyncReferee(Referee):
+    """Watches the beacons of a running cell; `store` is the session's control-plane store."""
+
+    def __init__(self, store: Any):
+        super().__init__()
+        self.store = store
+        self._released: set[int] = set()
+
+    def tick(self, run_id: int, states: dict[int, RankState], failures: dict[int, str]) -> None:
+        done = {r: s for r, s in states.items() if s is not RankState.RUNNING}
+        running = [r for r, s in states.items() if s is RankState.RUNNING]
+        if not done or not running or run_id in self._released:
+            return
+        waiters = [b for b in self._beacons(running) if _waits_in(b, run_id, done)]
+        if not waiters:
+            return  # still computing: the cell's timeout covers them
+        blamed = {r for b in waiters for r in b.get("waiting_for", ()) if r in done}
+        words = {r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error")) for r in blamed}
+        reason = desync_reason(words, waiters)
+        self.store.set(f"{keys.CHECK}/abort/{run_id}", json.dumps({"reason": reason}))
+        self._released.add(run_id)
+        self.waiters[run_id] = waiters
+
+    def _beacons(self, ranks: list[int]) -> list[dict[str, Any]]:
+        names = [f"{keys.CHECK}/beacon/{r}" for r in ranks]
+        present = [n for n in names if self.store.check([n])]
+        return [json.loads(v) for v in self.store.multi_get(present)] if present else []
+
+
+def skipped_call(
+    events: Sequence[CollectiveEvent], waiting: Sequence[Mapping[str, Any]] = ()
+) -> str:
+    """Where ranks' collectives stopped lining up: the first (group, seq) whose call sites
+    differ. A rank whose call there comes from the line another rank reaches next skipped the
+    call before it; otherwise the sites are only listed. Read after a desync, from every rank's
+    recorded events of the cell and the beacons of the ranks that were left waiting."""
+    at: dict[tuple[str, int], dict[int, tuple[str, str]]] = defaultdict(dict)
+    for e in events:
+        at[(e.group, e.seq)][e.rank] = (e.op, str(e.site))
+    for w in waiting:
+        at[(str(w["group"]), int(w["seq"]))][int(w["rank"])] = (str(w["op"]), str(w["site"]))
+    for group, seq in sorted(at, key=lambda k: k[1]):
+        calls = at[(group, seq)]
+        if len({site for _, site in calls.values()}) < 2:
+            continue
+        later = at.get((group, seq + 1), {})
+        for rank, (_, site) in sorted(calls.items()):
+            for q, (op, other) in sorted(calls.items()):
+                if other != site and later.get(q, ("", ""))[1] == site:
+                    return (
+                        f"rank {rank} skipped {op} #{seq} at {other} (rank {q} called it); "
+                        f"rank {rank}'s #{seq} was its call at {site}"
+                    )
+        sites = ", ".join(f"rank {r} at {site}" for r, (_, site) in sorted(calls.items()))
+        return f"the ranks' collectives stop lining up at #{seq} on {group}: {sites}"
+    return ""
+
+
+def _waits_in(beacon: Mapping[str, Any], run_id: int, done: Mapping[int, RankState]) -> bool:
+    return (
+        beacon.get("state") == "waiting"
+        and beacon.get("cell") == run_id
+        and any(r in done for r in beacon.get("waiting_for", ()))
+    )

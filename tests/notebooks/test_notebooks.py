@@ -1,0 +1,230 @@
+"""Every notebook in notebooks/, run top to bottom in a real Jupyter kernel.
+
+Each notebook runs through nbclient in a fresh "python3" kernel (this environment's Python). Only
+cells tagged `raises-exception` may raise, and each of them must. `CHECKS` says what each
+notebook's key cells show; a new notebook adds one line there. After the notebook, the kernel is
+shut down and every process it started (ranks, controller, nannies, `!` commands and theirs) must
+be gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import plain
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+RAISES = "raises-exception"
+CELL_TIMEOUT_S = 180  # per cell; starting ranks on a busy 2-core machine takes ~15 s
+EXIT_WAIT_S = 10.0  # after the kernel's shutdown, for its processes to be gone
+
+Selector = int | str  # a cell's index, or its id or one of its tags
+Expected = str | tuple[str, ...]  # a substring, or substrings that appear in this order
+
+# Per notebook: (cell, what its output must contain). A new notebook needs an entry here.
+CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
+    "01-quickstart.ipynb": [
+        ("start", ("rank", "backend", "\n0 ", "gloo", "\n1 ", "gloo")),
+        (
+            "all-reduce",
+            (
+                "[rank 0] before: [0.0, 1.0, 2.0]",
+                "[rank 0] after:  [1.0, 3.0, 5.0]",
+                "[rank 1] before: [1.0, 2.0, 3.0]",
+                "[rank 1] after:  [1.0, 3.0, 5.0]",
+            ),
+        ),
+        ("one-rank", "[rank 0] tensor([1., 3., 5.])"),
+        ("status", ("\n0 ", "cpu", "gloo", "\n1 ", "cpu", "gloo")),
+        ("shapes", ("Shapes on ranks 0-1", "batch", "[8, 16]", "[5, 16]", "model")),
+        (
+            "rank-error",
+            (
+                "[rank 0] loss computed",
+                "RankError",
+                "failed on rank 1",
+                "[rank 1] ValueError: bad batch of shape (5, 16)",
+            ),
+        ),
+        (
+            "hang",
+            ("RankTimeoutError", "[rank 0]", "dist.all_reduce(x)", "[rank 1]", "time.sleep(60)"),
+        ),
+        ("after-hang", "[ranks 0-1] [2.0, 6.0, 10.0]"),
+    ],
+    "06-doctor.ipynb": [
+        ("doctor", ("rank 0: host", "rank 1: host", "bus bandwidth", "GB/s", "\nOK")),
+    ],
+}
+
+
+def notebook_paths() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def test_every_notebook_has_checks_and_is_stored_clean() -> None:
+    import nbformat
+
+    names = [p.name for p in notebook_paths()]
+    assert names, f"no notebooks in {NOTEBOOKS}"
+    assert sorted(CHECKS) == names, "CHECKS must list exactly the notebooks in notebooks/"
+    for path in notebook_paths():
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        assert nb.metadata["kernelspec"]["name"] == "python3", path.name
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, (
+                    f"{path.name} cell {cell.get('id')}: store notebooks with outputs cleared"
+                )
+        for selector, _ in CHECKS[path.name]:
+            assert cells_matching(nb, selector), f"{path.name}: no cell matches {selector!r}"
+
+
+@pytest.mark.cluster
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_notebook_runs_in_a_kernel(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    checks = CHECKS.get(path.name)
+    assert checks is not None, f"add a line for {path.name} to CHECKS in {__file__}"
+    # `!distnb ...` in a notebook needs this environment's scripts on the kernel's PATH.
+    monkeypatch.setenv(
+        "PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    )
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=60,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    seen: dict[int, psutil.Process] = {}
+    try:
+        with client.setup_kernel(), watch_descendants(client.km.provisioner.pid, seen):
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+    finally:  # even when a cell failed: nothing may outlive the kernel
+        left = still_running(seen.values(), EXIT_WAIT_S)
+        kill(left)
+    assert not left, f"still running after the kernel shut down: {describe(left)}"
+
+    for index, cell in enumerate(nb.cells):
+        raised = any(o.output_type == "error" for o in cell.get("outputs", []))
+        if RAISES in cell.metadata.get("tags", []):
+            assert raised, f"cell {index} ({cell.get('id')}) is tagged {RAISES} but did not raise"
+    for selector, expected in checks:
+        text = "\n".join(output_text(c) for c in cells_matching(nb, selector))
+        assert_contains(text, expected, f"{path.name} cell {selector!r}")
+
+
+def cells_matching(nb: Any, selector: Selector) -> list[Any]:
+    if isinstance(selector, int):
+        return [nb.cells[selector]] if -len(nb.cells) <= selector < len(nb.cells) else []
+    return [
+        c
+        for c in nb.cells
+        if c.get("id") == selector or selector in c.get("metadata", {}).get("tags", [])
+    ]
+
+
+def output_text(cell: Any) -> str:
+    """Everything a cell shows as text: streams, plain-text data, errors with tracebacks."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("display_data", "execute_result"):
+            parts.append(str(out.data.get("text/plain", "")))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}\n" + "\n".join(out.traceback))
+    return plain("\n".join(parts))
+
+
+def assert_contains(text: str, expected: Expected, where: str) -> None:
+    position = 0
+    for part in (expected,) if isinstance(expected, str) else expected:
+        found = text.find(part, position)
+        assert found >= 0, f"{where}: expected {part!r} (in order: {expected!r}) in:\n{text}"
+        position = found + len(part)
+
+
+@contextlib.contextmanager
+def watch_descendants(
+    pid: int, seen: dict[int, psutil.Process], every_s: float = 0.1
+) -> Iterator[None]:
+    """Record `pid` and every descendant of it in `seen` while the block runs, every `every_s`.
+
+    Sampling (not one look at the end) also catches processes that start and end inside one
+    cell, such as the ranks of `!distnb doctor`, which would be invisible once orphaned.
+    """
+    stop = threading.Event()
+    root = psutil.Process(pid)
+    seen[pid] = root
+
+    def sample() -> None:
+        with contextlib.suppress(psutil.Error):
+            for child in root.children(recursive=True):
+                seen.setdefault(child.pid, child)
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            sample()
+
+    thread = threading.Thread(target=loop, name="watch-descendants", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sample()
+
+
+def running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (a zombie has exited; it only waits for its parent to reap it)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_running(procs: Any, timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if running(p)]
+    return alive
+
+
+def kill(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL)
+
+
+def describe(procs: list[psutil.Process]) -> str:
+    out = []
+    for proc in procs:
+        try:
+            out.append(f"{proc.pid} {' '.join(proc.cmdline())[:100]}")
+        except psutil.Error:
+            out.append(str(proc.pid))
+    return "; ".join(out)

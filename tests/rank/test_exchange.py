@@ -1,0 +1,140 @@
+"""Boards of stamped slots, in one process: post/read/lap/retract, the store board, waits."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch.distributed as dist
+
+from distnb.rank import exchange, futex
+from distnb.rank.exchange import LAPPED, ShmBoard, StoreBoard, collect
+
+
+@pytest.fixture
+def shm() -> Iterator[ShmBoard]:
+    path = exchange.shm_path(f"test{os.getpid()}", "board")
+    board = ShmBoard(path, rings=2, depth=2, slot_size=256)
+    yield board
+    board.close(unlink=True)
+
+
+@pytest.fixture
+def store() -> dist.Store:
+    return dist.HashStore()
+
+
+def test_post_then_read(shm: ShmBoard) -> None:
+    assert shm.read(1, 1) is None  # nothing posted yet
+    shm.post(1, 1, b"F-one")
+    assert shm.read(1, 1) == b"F-one"
+    shm.post(1, 2, b"F-two")  # the other slot: seq 1 is still readable
+    assert shm.read(1, 1) == b"F-one"
+    shm.post(1, 3, b"F-three")  # overwrites seq 1's slot
+    assert shm.read(1, 1) is LAPPED
+    assert shm.read(1, 5) is None  # not posted yet
+    shm.retract(1, 3)
+    assert shm.read(1, 3) is None
+
+
+def test_a_second_mapping_sees_the_posts(shm: ShmBoard) -> None:
+    other = ShmBoard(shm.path, rings=2, depth=2, slot_size=256)
+    try:
+        shm.post(0, 7, b"F" * 200)
+        assert other.read(0, 7) == b"F" * 200
+    finally:
+        other.close(unlink=False)
+
+
+def test_torn_payload_reads_as_not_yet(shm: ShmBoard) -> None:
+    shm.post(0, 1, b"F-payload")
+    off = shm._slot(0, 1) + 24
+    shm.mm[off : off + 1] = b"X"  # as if the copy caught a half-written payload
+    assert shm.read(0, 1) is None
+
+
+def test_oversized_payload_spills_to_the_store(store: dist.Store) -> None:
+    path = exchange.shm_path(f"test{os.getpid()}", "small")
+    spill = StoreBoard(store, "big", 2)
+    board = ShmBoard(path, rings=1, depth=2, slot_size=64, overflow=spill)
+    try:
+        board.post(0, 1, b"F" + b"x" * 500)
+        assert board.read(0, 1) == b"F" + b"x" * 500
+    finally:
+        board.close(unlink=True)
+
+
+def test_store_board(store: dist.Store) -> None:
+    board = StoreBoard(store, "fp/g", 2)
+    assert board.read_many([0, 1], 1) == [None, None]  # missing keys never block
+    board.post(0, 1, b"F-a")
+    board.post(1, 1, b"F-b")
+    assert board.read_many([0, 1], 1) == [b"F-a", b"F-b"]
+    board.post(0, 3, b"F-c")
+    assert board.read(0, 1) is LAPPED
+    board.retract(0, 3)
+    assert board.read(0, 3) is None
+
+
+def _post_later(board: exchange.Board, ring: int, stamp: int, delay: float) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)
+        board.post(ring, stamp, b"F-late")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("kind", ["shm", "store"])
+def test_collect_waits_for_a_late_post(shm: ShmBoard, store: dist.Store, kind: str) -> None:
+    board: exchange.Board = shm if kind == "shm" else StoreBoard(store, "fp/w", 2)
+    ticks: list[Sequence[int]] = []
+    thread = _post_later(board, 1, 1, 0.03)
+    t0 = time.monotonic()
+    assert collect(board, [1], 1, lambda _, missing: ticks.append(list(missing))) == [b"F-late"]
+    thread.join()
+    assert time.monotonic() - t0 < 1.0
+    assert ticks and ticks[0] == [1]  # a 30 ms wait ticks (every 5 ms) with what is missing
+
+
+def test_tick_can_stop_a_wait(shm: ShmBoard) -> None:
+    class Stop(Exception):
+        pass
+
+    def tick(elapsed: int, missing: Sequence[int]) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        collect(shm, [0], 1, tick)
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"),
+    reason="futexes through ctypes: Linux x86-64/aarch64 only (elsewhere boards poll)",
+)
+def test_futex_is_used_here() -> None:
+    assert futex.AVAILABLE
+
+
+def test_cleanup_removes_a_sessions_files() -> None:
+    session = f"clean{os.getpid()}"
+    for name in ("a", "b"):
+        ShmBoard(exchange.shm_path(session, name), 1, 2, 64).close(unlink=False)
+    assert exchange.cleanup(session) == 2
+    assert exchange.cleanup(session) == 0
+
+
+def test_store_timeout_not_hit() -> None:
+    # `StoreBoard` must never call a blocking get on a missing key; a short-timeout store
+    # would raise if it did.
+    short = dist.HashStore()
+    short.set_timeout(datetime.timedelta(milliseconds=50))
+    board = StoreBoard(short, "fp/t", 2)
+    assert board.read(0, 1) is None

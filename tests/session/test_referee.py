@@ -1,0 +1,47 @@
+"""The referee's sentences, from records alone."""
+
+from __future__ import annotations
+
+from distnb.records.collective import CallSite, CollectiveEvent
+from distnb.session.referee import desync_reason, skipped_call
+
+
+def event(rank: int, seq: int, line: int, cell: int = 5) -> CollectiveEvent:
+    site = CallSite("/tmp/x.py", line, cell, "dist.all_reduce(x)")
+    return CollectiveEvent(rank, "WORLD", seq, "all_reduce", 8, site, 0, 0, 0, cell=1)
+
+
+def beacon(rank: int, seq: int, line: int) -> dict[str, object]:
+    site = f"cell In[5] line {line}"
+    return {"rank": rank, "group": "WORLD", "seq": seq, "op": "all_reduce", "site": site}
+
+
+def test_desync_reason_names_who_is_done_and_where_the_others_wait() -> None:
+    reason = desync_reason({1: "finished the cell"}, [beacon(0, 3, 5)])
+    assert reason == (
+        "rank 1 finished the cell without calling all_reduce #3 on WORLD, "
+        "which rank 0 waits at cell In[5] line 5"
+    )
+
+
+def test_a_skip_is_named_with_both_call_sites() -> None:
+    # rank 0: line 3 (#0), line 4 (#1, waiting); rank 1 skipped line 3: its #0 is line 4
+    events = [event(0, 0, 3), event(1, 0, 4)]
+    text = skipped_call(events, [beacon(0, 1, 4)])
+    assert text == (
+        "rank 1 skipped all_reduce #0 at cell In[5] line 3 (rank 0 called it); "
+        "rank 1's #0 was its call at cell In[5] line 4"
+    )
+
+
+def test_an_early_stop_in_a_loop_is_not_a_skip() -> None:
+    events = [event(r, s, 5) for r in (0, 1) for s in (0, 1)]
+    assert skipped_call(events, [beacon(0, 2, 5)]) == ""
+
+
+def test_diverging_sites_without_a_skip_are_listed() -> None:
+    text = skipped_call([event(0, 0, 3), event(1, 0, 7)])
+    assert text == (
+        "the ranks' collectives stop lining up at #0 on WORLD: "
+        "rank 0 at cell In[5] line 3, rank 1 at cell In[5] line 7"
+    )
