@@ -111,8 +111,12 @@ def main() -> None:
     rows = [
         ("start to ready, 2 ranks (s)", med(starts), med(raws), "raw ipyparallel+torch+init"),
         ("stop, every process gone (s)", med(stops), None, ""),
-        ("empty cell round trip (ms)", med(ours_cells) * 1e3, med(raw_cells) * 1e3,
-         "raw DirectView.execute"),
+        (
+            "empty cell round trip (ms)",
+            med(ours_cells) * 1e3,
+            med(raw_cells) * 1e3,
+            "raw DirectView.execute",
+        ),
     ]
     print(f"{'measure':32} {'distnb':>9} {'peer':>9} {'ratio':>7}  peer")
     for name, ours, peer, label in rows:

@@ -12,7 +12,12 @@ import time
 import pytest
 
 import distnb
-from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, RankDiedError
+from distnb.errors import (
+    CollectiveDesyncError,
+    CollectiveMismatchError,
+    RankDiedError,
+    RankTimeoutError,
+)
 from distnb.records.collective import MatchKind
 
 pytestmark = pytest.mark.cluster
@@ -220,3 +225,14 @@ def test_unchecked_switches(session: object, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "[ranks 0-1] [2.0, 2.0]" in out and "[ranks 0-1] [4.0, 4.0]" in out
     assert session.timeline(cells=1).timeline.collectives == ()  # type: ignore[attr-defined]
+
+
+def test_hang_report_names_the_collective_each_waiting_rank_is_at(session: object) -> None:
+    code = "import time\nx = torch.ones(2)\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(x)\n"
+    with pytest.raises(RankTimeoutError) as info:
+        session.run(code, timeout=2)  # type: ignore[attr-defined]
+    reports = {r.rank: r for r in info.value.reports}
+    assert reports[0].detail.startswith("waiting at all_reduce #")
+    assert "line 5) for rank 1" in reports[0].detail
+    assert "line 4: time.sleep(60)" in reports[1].stack
+    still_works(session)

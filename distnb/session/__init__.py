@@ -127,7 +127,7 @@ class Session:
             self._control = ControlPlane(opts.host)
             client = self._cluster.wait_registered(lambda k: progress.show("engines registered", k))
             self.ranks = self._init_ranks(client, progress)
-            self.referee = DesyncReferee(self._control.store)
+            self.referee = DesyncReferee(self._control)
         except BaseException as exc:
             progress.close()
             self._teardown()

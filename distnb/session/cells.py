@@ -216,6 +216,12 @@ class CellRun:
     def _raise_timeout(self, elapsed: float) -> None:
         running = self._running()
         stacks = self.control.stacks([t.rank for t in running])
+        waits = {
+            int(b["rank"]): f"waiting at {b['op']} #{b['seq']} on {b['group']} ({b['site']}) "
+            f"for {format_ranks(b.get('waiting_for', ()))}"
+            for b in self.control.beacons([t.rank for t in running])
+            if b.get("state") == "waiting" and b.get("cell") == self.run_id
+        }
         reports = []
         for info in self.targets:
             ar = self.results[info.rank]
@@ -225,7 +231,8 @@ class CellRun:
                     "(no stack: the rank did not answer; it may be "
                     "blocked in native code holding the GIL)",
                 )
-                reports.append(RankReport(info.rank, RankState.RUNNING, "still running", stack))
+                detail = waits.get(info.rank, "still running")
+                reports.append(RankReport(info.rank, RankState.RUNNING, detail, stack))
             elif (error := _error_of(ar)) is not None:
                 reports.append(
                     RankReport(info.rank, RankState.FAILED, f"{error.ename}: {error.evalue}")

@@ -8,6 +8,7 @@ ranks waiting at a collective that a peer will never reach.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from datetime import timedelta
@@ -56,6 +57,12 @@ class ControlPlane:
             if pending:
                 time.sleep(0.005)
         return found
+
+    def beacons(self, ranks: list[int]) -> list[dict[str, Any]]:
+        """What the listed ranks last said about a long wait at a checked collective."""
+        names = [f"{keys.CHECK}/beacon/{r}" for r in ranks]
+        present = [n for n in names if self.store.check([n])]
+        return [json.loads(v) for v in self.store.multi_get(present)] if present else []
 
     def close(self) -> None:
         # The TCPStore server stops when its last reference goes.

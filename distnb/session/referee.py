@@ -20,6 +20,7 @@ from distnb.errors import format_ranks
 from distnb.records.cell import RankState
 from distnb.records.collective import CollectiveEvent
 from distnb.session.cells import Referee
+from distnb.session.control import ControlPlane
 
 DONE_WORDS = {
     RankState.FINISHED: "finished the cell",
@@ -43,9 +44,9 @@ def desync_reason(done: Mapping[int, str], waiters: Sequence[Mapping[str, Any]])
 class DesyncReferee(Referee):
     """Watches the beacons of a running cell; `store` is the session's control-plane store."""
 
-    def __init__(self, store: Any):
+    def __init__(self, control: ControlPlane):
         super().__init__()
-        self.store = store
+        self.control = control
         self._released: set[int] = set()
 
     def tick(self, run_id: int, states: dict[int, RankState], failures: dict[int, str]) -> None:
@@ -53,20 +54,15 @@ class DesyncReferee(Referee):
         running = [r for r, s in states.items() if s is RankState.RUNNING]
         if not done or not running or run_id in self._released:
             return
-        waiters = [b for b in self._beacons(running) if _waits_in(b, run_id, done)]
+        waiters = [b for b in self.control.beacons(running) if _waits_in(b, run_id, done)]
         if not waiters:
             return  # still computing: the cell's timeout covers them
         blamed = {r for b in waiters for r in b.get("waiting_for", ()) if r in done}
         words = {r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error")) for r in blamed}
         reason = desync_reason(words, waiters)
-        self.store.set(f"{keys.CHECK}/abort/{run_id}", json.dumps({"reason": reason}))
+        self.control.store.set(f"{keys.CHECK}/abort/{run_id}", json.dumps({"reason": reason}))
         self._released.add(run_id)
         self.waiters[run_id] = waiters
-
-    def _beacons(self, ranks: list[int]) -> list[dict[str, Any]]:
-        names = [f"{keys.CHECK}/beacon/{r}" for r in ranks]
-        present = [n for n in names if self.store.check([n])]
-        return [json.loads(v) for v in self.store.multi_get(present)] if present else []
 
 
 def skipped_call(
