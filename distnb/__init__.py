@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distnb.session import Session
 
-__all__ = ["Session", "load_ipython_extension", "start", "unchecked"]
+__all__ = ["Session", "check_finite", "load_ipython_extension", "start", "unchecked"]
 __version__ = "0.1.0"
 
 
@@ -34,6 +34,14 @@ def unchecked() -> AbstractContextManager[None]:
     from distnb.rank.checked import unchecked as _unchecked
 
     return _unchecked()
+
+
+def check_finite(enabled: bool = True) -> AbstractContextManager[None]:
+    """On a rank: inside the block, reductions refuse NaN/Inf inputs and name the rank(s) whose
+    input held them (one `isfinite` pass and host sync per tensor)."""
+    from distnb.rank.checked import finite_checks
+
+    return finite_checks(enabled)
 
 
 def load_ipython_extension(ipython: Any) -> None:

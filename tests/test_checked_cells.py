@@ -236,3 +236,18 @@ def test_hang_report_names_the_collective_each_waiting_rank_is_at(session: objec
     assert "line 5) for rank 1" in reports[0].detail
     assert "line 4: time.sleep(60)" in reports[1].stack
     still_works(session)
+
+
+def test_check_finite_names_the_rank_that_poisoned_the_reduction(session: object) -> None:
+    code = (
+        "import distnb\n"
+        "x = torch.tensor([float('nan') if rank == 1 else 1.0, 2.0])\n"
+        "with distnb.check_finite():\n"
+        "    dist.all_reduce(x)\n"
+    )
+    with pytest.raises(CollectiveMismatchError) as info:
+        session.run(code)  # type: ignore[attr-defined]
+    assert info.value.mismatch is not None
+    assert info.value.mismatch.kind is MatchKind.NON_FINITE
+    assert info.value.mismatch.ranks == (1,)
+    still_works(session)

@@ -103,6 +103,13 @@ def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, A
     assert f"cell In[{count}] failed" in text_of(outputs)
     assert f"Cell In[{count}], line 3" in text_of(outputs)
 
+    # a collective mismatch is also shown as a table, one row per rank
+    code = "%%allranks\nx = torch.zeros(1, 5) if rank == 0 else torch.zeros(1, 2, 5)\n"
+    status, outputs = execute(kc, code + "dist.broadcast(x, src=0)")
+    tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert status == "error" and outputs[-1]["ename"] == "CollectiveMismatchError"
+    assert len(tables) == 1 and "<table>" in tables[0] and "float32[1, 2, 5]" in tables[0]
+
     _, outputs = execute(kc, PIDS)
     pids = json.loads(text_of(outputs).strip().splitlines()[-1])
 

@@ -37,13 +37,17 @@ def test_loading_twice_registers_one_set_of_magics(shell: object) -> None:
 def test_magic_lifecycle_start_status_run_restart_stop(
     shell: object, no_session: DistMagics, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = shell.run_line_magic("dist_start", "-n 2 --backend gloo --timeout 30")  # type: ignore[attr-defined]
+    status = shell.run_line_magic("dist_start", "-n 2 --backend gloo --timeout 30 --no-check")  # type: ignore[attr-defined]
     try:
         assert [r.rank for r in status.ranks] == [0, 1]
         assert "backend" in repr(status) and "<table>" in status._repr_html_()
         assert no_session.session is not None and no_session.session.options.timeout == 30
-        shell.run_cell_magic("allranks", "", "print(dist.get_world_size())")  # type: ignore[attr-defined]
-        assert "[ranks 0-1] 2" in capsys.readouterr().out
+        shell.run_cell_magic(  # type: ignore[attr-defined]
+            "allranks",
+            "",
+            "import distnb.rank.checked as c\nprint(dist.get_world_size(), c.installed())",
+        )
+        assert "[ranks 0-1] 2 False" in capsys.readouterr().out  # --no-check
         before = no_session.session.pids()
         shell.run_line_magic("dist_restart", "")  # type: ignore[attr-defined]
         assert not running(before)

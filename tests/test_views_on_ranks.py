@@ -38,3 +38,53 @@ def test_dist_shapes_magic(shell: object, capsys: pytest.CaptureFixture[str]) ->
     shell.run_cell_magic("allranks", "", "v = torch.zeros(5)")  # type: ignore[attr-defined]
     shell.run_line_magic("dist_shapes", "v")  # type: ignore[attr-defined]
     assert "[5]" in capsys.readouterr().out
+
+
+STRAGGLER = (
+    "import time\n"
+    "x = torch.ones(256)\n"
+    "for step in range(6):\n"
+    "    if rank == 1:\n"
+    "        time.sleep(0.03)\n"
+    "    dist.all_reduce(x)\n"
+)
+
+
+def test_timeline_names_the_straggler(session: object) -> None:
+    session.run(STRAGGLER)  # type: ignore[attr-defined]
+    view = session.timeline(cells=1)  # type: ignore[attr-defined]
+    tl = view.timeline
+    assert len(tl.collectives) == 6 and tl.ranks == (0, 1)
+    worst = tl.stragglers[0]
+    assert worst.rank == 1 and worst.times_last == 6
+    assert "line 6: dist.all_reduce(x)" in repr(view)
+
+
+def test_timeline_export_is_a_valid_trace_with_every_event(
+    session: object, tmp_path: object, shell: object
+) -> None:
+    import json
+    from pathlib import Path
+
+    session.run(STRAGGLER)  # type: ignore[attr-defined]
+    path = Path(str(tmp_path)) / "trace.json"
+    shell.run_line_magic("dist_timeline", f"--cells 1 --export {path}")  # type: ignore[attr-defined]
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    ops = [e for e in events if e.get("ph") == "X" and e.get("name") == "all_reduce"]
+    assert len(ops) == 12  # 6 collectives x 2 ranks
+    assert {e["pid"] for e in ops} == {0, 1}
+    names = {
+        e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"
+    }
+    assert names == {"rank 0", "rank 1"}
+    for e in ops:
+        assert isinstance(e["ts"], (int, float)) and e["dur"] >= 0
+
+
+def test_allranks_timeline_shows_the_cell(
+    shell: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_cell_magic("allranks", "--timeline", "x = torch.ones(4)\ndist.all_reduce(x)")  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert "Collective timeline: 1 collectives" in out
