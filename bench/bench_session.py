@@ -8,7 +8,9 @@ Each figure is a median, printed beside its peer measured in the same run:
   + `init_process_group("gloo")`;
 - stop: `session.stop()` until no process of the cluster runs;
 - cell: an empty `session.run("")` (what `%%allranks` does) against a raw
-  `DirectView.execute("")` on the same cluster.
+  `DirectView.execute("")` on the same cluster, both as `execute(block=True)` (returns at the
+  reply) and waiting for the engines' output as well (what `%%px` and distnb must do to show it);
+- shapes: `session.shapes()` over a namespace of 1,000 tensors on each of the 2 ranks.
 """
 
 from __future__ import annotations
@@ -74,20 +76,41 @@ def _runs(pid: int) -> bool:
         return False
 
 
-def cell_times(session: distnb.Session, cells: int) -> tuple[list[float], list[float]]:
+def cell_times(session: distnb.Session, cells: int) -> tuple[list[float], ...]:
     view = session._cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
-    ours, raw = [], []
+
+    def raw_with_output() -> None:
+        ar = view.execute("", block=False)
+        ar.get()
+        ar.wait_for_output()
+
+    ours: list[float] = []
+    raw: list[float] = []
+    raw_out: list[float] = []
     for _ in range(10):  # warm-up
         session.run("")
         view.execute("", block=True)
-    for _ in range(cells):  # interleaved, so drift on a busy machine hits both alike
+    for _ in range(cells):  # interleaved, so drift on a busy machine hits all alike
+        for fn, times in (
+            (lambda: session.run(""), ours),
+            (lambda: view.execute("", block=True), raw),
+            (raw_with_output, raw_out),
+        ):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return ours, raw, raw_out
+
+
+def shapes_time(session: distnb.Session, repeats: int = 7) -> float:
+    session.run("many = {f't{i}': torch.zeros(8, i % 7 + 1) for i in range(1000)}")
+    times = []
+    for _ in range(repeats):
         t = time.perf_counter()
-        session.run("")
-        ours.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        view.execute("", block=True)
-        raw.append(time.perf_counter() - t)
-    return ours, raw
+        view = session.shapes()
+        times.append(time.perf_counter() - t)
+    assert len(view.table.rows) >= 1000
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -105,7 +128,8 @@ def main() -> None:
         raws.append(t_raw)
         starts.append(t_ours)
         if i == 0:
-            ours_cells, raw_cells = cell_times(session, args.cells)
+            ours_cells, raw_cells, raw_out_cells = cell_times(session, args.cells)
+            shapes = shapes_time(session)
         stops.append(stop_time(session))
     med = statistics.median
     rows = [
@@ -115,14 +139,21 @@ def main() -> None:
             "empty cell round trip (ms)",
             med(ours_cells) * 1e3,
             med(raw_cells) * 1e3,
-            "raw DirectView.execute",
+            "raw DirectView.execute(block=True)",
         ),
+        (
+            "empty cell round trip (ms)",
+            med(ours_cells) * 1e3,
+            med(raw_out_cells) * 1e3,
+            "raw execute + wait for output",
+        ),
+        ("shape table, 1,000 tensors x 2 ranks (s)", shapes, None, ""),
     ]
-    print(f"{'measure':32} {'distnb':>9} {'peer':>9} {'ratio':>7}  peer")
+    print(f"{'measure':42} {'distnb':>9} {'peer':>9} {'ratio':>7}  peer")
     for name, ours, peer, label in rows:
         ratio = f"{ours / peer:6.2f}x" if peer else ""
         peer_text = f"{peer:9.3f}" if peer else " " * 9
-        print(f"{name:32} {ours:9.3f} {peer_text} {ratio:>7}  {label}")
+        print(f"{name:42} {ours:9.3f} {peer_text} {ratio:>7}  {label}")
     sys.stdout.flush()
 
 

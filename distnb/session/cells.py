@@ -27,6 +27,9 @@ from distnb.views.output import CellOutput, RankOutput
 INTERRUPT_GRACE_S = 3.0
 # How long the other ranks get to finish once one rank has died.
 DEATH_GRACE_S = 1.0
+# Ranks write a beacon only once a wait has lasted 5 ms: before then there is nothing to referee,
+# and a short cell need not pay for reading the store.
+REFEREE_AFTER_S = 0.005
 # How long to wait for a finished rank's last output messages.
 OUTPUT_WAIT_S = 2.0
 
@@ -115,7 +118,8 @@ class CellRun:
                 if RankState.DIED in states.values():
                     self._settle_after_death()
                     break
-                self.referee.tick(self.run_id, states, failures)
+                if time.monotonic() - start >= REFEREE_AFTER_S:
+                    self.referee.tick(self.run_id, states, failures)
                 if deadline is not None and time.monotonic() >= deadline:
                     self._raise_timeout(time.monotonic() - start)
         except KeyboardInterrupt:
