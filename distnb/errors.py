@@ -78,9 +78,13 @@ class RankError(DistnbError):
         self.failures = tuple(sorted(failures, key=lambda f: f.rank))
 
     def _render_traceback_(self) -> list[str]:
-        """IPython calls this instead of printing a Python traceback of the kernel's frames."""
+        """IPython calls this instead of printing a Python traceback of the kernel's frames.
+
+        Ranks' own errors come before the checked runtime's (which only follow from them)."""
         lines = [f"{type(self).__name__}: {self.message}"]
-        groups = group_failures(self.failures)
+        groups = sorted(
+            group_failures(self.failures), key=lambda g: g[1].ename.startswith("Collective")
+        )
         for i, (ranks, failure) in enumerate(groups):
             label = format_ranks(ranks)
             if i < TRACEBACK_LIMIT and failure.traceback:

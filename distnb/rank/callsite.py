@@ -42,9 +42,13 @@ _LIBRARY_DIRS = tuple(
 _MAX_CACHE = 4096
 _CODE_LEN = 120
 
-# code object -> (0: user's, 1: another library's, 2: torch's or distnb's; file; cell or -1)
-_codes: dict[CodeType, tuple[int, str, int]] = {}
-_lines: dict[tuple[CodeType, int], str] = {}
+# id(code) -> (code, 0: user's / 1: another library's / 2: torch's or distnb's, file). Keyed by
+# identity: code objects compare equal by content (not by file), so two cells with alike code
+# would share an entry. Holding the code keeps its id from being reused. The cell number is
+# looked up per call: IPython names a cell's file after a hash of its text, so the same text
+# run again is a later cell in the same file.
+_codes: dict[int, tuple[CodeType, int, str]] = {}
+_lines: dict[tuple[str, int], str] = {}
 _resolver: Callable[[str], int | None] | None = None
 
 
@@ -59,39 +63,40 @@ def set_cell_resolver(resolver: Callable[[str], int | None] | None) -> None:
 def lookup(skip: int = 2) -> Site:
     """The user's innermost frame, starting `skip` frames above the caller (see module doc)."""
     frame: FrameType | None = sys._getframe(skip)
-    fallback: tuple[FrameType, tuple[int, str, int]] | None = None
+    fallback: tuple[FrameType, tuple[CodeType, int, str]] | None = None
     while frame is not None:
         code = frame.f_code
-        info = _codes.get(code)
+        info = _codes.get(id(code))
         if info is None:
             info = _classify(code)
-        if info[0] == 0:
+        if info[1] == 0:
             return _site(frame, info)
-        if info[0] == 1 and fallback is None:
+        if info[1] == 1 and fallback is None:
             fallback = frame, info
         frame = frame.f_back
     return _site(*fallback) if fallback is not None else ("<unknown>", 0, -1, "")
 
 
-def _site(frame: FrameType, info: tuple[int, str, int]) -> Site:
+def _site(frame: FrameType, info: tuple[CodeType, int, str]) -> Site:
+    _, kind, file = info
     line = frame.f_lineno or 0
-    return info[1], line, info[2], _source(frame.f_code, info[1], line)
+    cell = _resolver(file) if _resolver is not None and kind == 0 else None
+    return file, line, -1 if cell is None else cell, _source(frame.f_code, file, line)
 
 
-def _classify(code: CodeType) -> tuple[int, str, int]:
+def _classify(code: CodeType) -> tuple[CodeType, int, str]:
     if len(_codes) >= _MAX_CACHE:
         _codes.clear()
     file = code.co_filename
     path = os.path.abspath(file) if os.sep in file else ""
     kind = 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
-    cell = _resolver(file) if _resolver is not None and kind == 0 else None
-    info = (kind, file, -1 if cell is None else cell)
-    _codes[code] = info
+    info = (code, kind, file)
+    _codes[id(code)] = info
     return info
 
 
 def _source(code: CodeType, file: str, line: int) -> str:
-    key = (code, line)
+    key = (file, line)
     text = _lines.get(key)
     if text is None:
         if len(_lines) >= _MAX_CACHE:

@@ -375,7 +375,8 @@ class Watch:
             if self.stop_on_nonfinite:
                 msg = (
                     f"rank {self.rank}: non-finite values at step {first.step}, {first.where}: "
-                    f"{first.describe()}. The frames before it: watch.report().ring."
+                    f"{first.describe()}. The frames before it: %dist_overflow --report "
+                    "(or watch.report().ring)."
                 )
                 stop = ("nonfinite", NonFiniteError, msg)
         last = metas[-self.frames :]

@@ -242,6 +242,28 @@ def _bind_shell(spec: RankSpec, device: torch.device) -> None:
     if not isinstance(_shell.compile._filename_map, _CellNumbers):
         _shell.compile._filename_map = _CellNumbers(_shell.compile._filename_map)
     _shell.events.register("pre_run_cell", _pre_run_cell)
+    _keep_requests_after_errors(getattr(_shell, "kernel", None))
+
+
+def _keep_requests_after_errors(kernel: Any) -> None:
+    """Make the engine run every cell it is sent, even right after a failed one.
+
+    ipykernel drops the requests queued behind a cell that raised (`stop_on_error`), and goes on
+    dropping until a callback of its own runs; the kernel's next cell can arrive in between and
+    is lost (ipyparallel reports `TaskAborted`). distnb's cells do not depend on each other, so
+    its engines treat every request as `stop_on_error=False`.
+    """
+    handlers = getattr(kernel, "shell_handlers", None)
+    if not handlers or getattr(handlers.get("execute_request"), "_distnb", False):
+        return
+    original = handlers["execute_request"]
+
+    async def execute_request(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        parent["content"]["stop_on_error"] = False
+        await original(stream, ident, parent)
+
+    execute_request._distnb = True  # type: ignore[attr-defined]
+    handlers["execute_request"] = execute_request
 
 
 def _unbind_shell() -> None:

@@ -310,11 +310,16 @@ _RANK_ERRORS: dict[str, type[errors.RankError]] = {
 
 
 def _rank_error(cell: int, failures: list[RankFailure]) -> errors.RankError:
-    groups = errors.group_failures(failures)
-    _ranks, first = groups[0]
-    kind = _RANK_ERRORS.get(first.ename, errors.RankError)
-    if kind is not errors.RankError:
-        return kind(first.evalue, failures)
+    """One exception for the cell. The checked runtime's errors are raised as themselves when
+    every failing rank raised one; when a rank raised an error of its own, that is the cause
+    (the others' `CollectiveDesyncError`s only follow from it), so it comes first."""
+    own = [f for f in failures if f.ename not in _RANK_ERRORS]
+    if not own:
+        first = min(failures, key=lambda f: (f.ename != "CollectiveMismatchError", f.rank))
+        return _RANK_ERRORS[first.ename](first.evalue, failures)
+    groups = errors.group_failures(own) + errors.group_failures(
+        [f for f in failures if f.ename in _RANK_ERRORS]
+    )
     summary = "; ".join(
         f"{format_ranks(r)}: {f.summary}" for r, f in groups[: errors.TRACEBACK_LIMIT]
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -31,6 +32,9 @@ CONTROLLER_ARGS = [
     "--HeartMonitor.period=100",
     "--HeartMonitor.max_heartmonitor_misses=100",
 ]
+
+# ipyparallel's log lines: "2026-11-21 09:00:00.123 [IPEngine...] ..."
+_IPP_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \[")
 
 # Launchers whose engines run this Python, so they can use distnb's engine entry point.
 LOCAL_PYTHON_LAUNCHERS = {"local", "mpi", "mpiexec"}
@@ -62,6 +66,7 @@ class Cluster:
         self.client: Any = None
         self._procs: dict[int, psutil.Process] = {}
         self._reaper = Reaper()  # last: nothing above may fail and leave it behind
+        self._reaper.remove_later(self._own_profile)
 
     def launch(self) -> None:
         """Start the controller and the engines, without waiting for them."""
@@ -136,7 +141,9 @@ class Cluster:
         return int(code) if code is not None else None
 
     def log_tail(self, pid: int, lines: int = 5) -> str:
-        """The last lines an engine or the controller wrote to its log file."""
+        """The last lines a process wrote to its log that are not ipyparallel's own logging
+        (which is what follows a crash, and hides what the crash printed, e.g. gloo's
+        `EnforceNotMet ... Received data size doesn't match`)."""
         launchers = [self.cluster.controller] + [
             la
             for es in self.cluster.engines.values()
@@ -147,7 +154,8 @@ class Cluster:
             path = getattr(la, "output_file", None)
             if proc is not None and proc.pid == pid and path and os.path.exists(path):
                 with open(path, errors="replace") as f:
-                    return "".join(f.readlines()[-lines:]).strip()
+                    own = [line for line in f if line.strip() and not _IPP_LOG.match(line)]
+                return "".join(own[-lines:]).strip()
         return ""
 
     def signal(self, sig: int, engine_ids: list[int]) -> None:

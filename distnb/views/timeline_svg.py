@@ -99,7 +99,9 @@ def render_svg(
     colors = op_colors(s.op for s in tl.ops)
     pid = f"distnb-wait-{next(_ids)}"
     parts = [
+        # viewBox + max-width: the drawing shrinks to fit a narrow notebook column, not cut off
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" '
         f'font-family="sans-serif" font-size="11">',
         f'<defs><pattern id="{pid}" width="4" height="4" patternUnits="userSpaceOnUse" '
         f'patternTransform="rotate(45)"><rect width="4" height="4" fill="#e0e0e0"/>'

@@ -1,10 +1,15 @@
-"""The quick-start notebook in a real JupyterLab, seen through a real browser.
+"""Notebooks in a real JupyterLab, seen through a real browser.
 
 JupyterLab serves a temporary folder holding copies of notebooks/ (127.0.0.1, a free port, a
-token, its own settings and workspace); Debian's Chromium, driven by Playwright, opens
-01-quickstart.ipynb, runs *Run > Run All Cells* and waits until the last cell has run. Then it
-checks what a user sees: each rank's lines, the errors, and the `%dist_shapes` widget rendered
-as a widget (not "Error displaying widget", not a model's repr) that answers when typed into.
+token, its own settings and workspace); Debian's Chromium, driven by Playwright, opens a notebook,
+runs *Run > Run All Cells* and waits until the last cell has run. Then it checks what a user sees:
+
+- 01-quickstart.ipynb: each rank's lines, the errors, and the `%dist_shapes` widget rendered as a
+  widget (not "Error displaying widget", not a model's repr) that answers when typed into;
+- 04-shapes-and-timelines.ipynb: the `%dist_timeline` and `%%allranks --timeline` widgets with
+  their SVG drawing and straggler table, a collective picked from the list showing each rank's
+  arrival, and the exported trace next to the notebook.
+
 Screenshots go to artifacts/browser/, as does the server's log.
 
 Skipped when Chromium, Playwright or JupyterLab is missing. Playwright cannot download its own
@@ -41,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 ARTIFACTS = REPO / "artifacts" / "browser"
 NOTEBOOK = "01-quickstart.ipynb"
+TIMELINES = "04-shapes-and-timelines.ipynb"
 CHROMIUM = Path(os.environ.get("DISTNB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -64,6 +70,7 @@ class Lab:
     url: str
     token: str
     process: subprocess.Popen[bytes]
+    root: Path  # the folder it serves: the notebooks' working directory
     seen: dict[int, psutil.Process] = field(default_factory=dict)
 
 
@@ -94,7 +101,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
             cwd=root,
             start_new_session=True,  # its own process group, to kill it whole if it hangs
         )
-        server = Lab(f"http://127.0.0.1:{port}", token, process)
+        server = Lab(f"http://127.0.0.1:{port}", token, process, root)
         try:
             with watch_descendants(process.pid, server.seen):
                 wait_until_serving(server)
@@ -128,12 +135,8 @@ def test_quickstart_renders_rank_output_errors_and_widgets(lab: Lab, page: Any) 
 
     expect.set_options(timeout=30_000)  # the default 5 s is short for a loaded 2-core machine
     index = cell_indices(NOTEBOOK)
-    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
     try:
-        wait_for_kernel_idle(page)
-        page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
-        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-        wait_until_last_cell_ran(page)
+        run_all_cells(page, lab, NOTEBOOK)
 
         ranks = cell(page, index["all-reduce"])
         assert_in_order(
@@ -169,6 +172,52 @@ def test_quickstart_renders_rank_output_errors_and_widgets(lab: Lab, page: Any) 
         shapes.screenshot(path=ARTIFACTS / "quickstart-shapes-widget-filtered.png")
     finally:
         page.screenshot(path=ARTIFACTS / "quickstart-last-view.png")
+
+
+@pytest.mark.usefixtures("chromium")
+def test_timelines_render_as_widgets_with_their_drawing(lab: Lab, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=30_000)
+    index = cell_indices(TIMELINES)
+    try:
+        run_all_cells(page, lab, TIMELINES)
+
+        shapes = cell(page, index["shapes"])
+        expect(shapes.locator(".jp-OutputArea-output .widget-vbox").first).to_contain_text(
+            "[8, 12]"
+        )
+        step = output_text(cell(page, index["step"]))
+        assert_in_order(step, "CollectiveDesyncError", "rank 1 raised RuntimeError", "rank 0")
+
+        timeline = cell(page, index["timeline"])
+        assert "wrote timeline.json" in output_text(timeline)
+        widget = timeline.locator(".jp-OutputArea-output .widget-vbox").first
+        expect(widget).to_be_visible()
+        drawing = widget.locator(".widget-html svg").first
+        expect(drawing).to_be_visible()
+        box = drawing.bounding_box()
+        assert box is not None and box["width"] > 200 and box["height"] > 40, box
+        expect(widget.locator("svg rect").first).to_be_attached()  # the bars are drawn
+        expect(widget).to_contain_text("Stragglers")
+        expect(widget).to_contain_text("rank 1")
+        timeline.screenshot(path=ARTIFACTS / "timelines-straggler-widget.png")
+        # Picking a collective runs in the kernel: each rank's arrival shows, rank 1 last.
+        widget.locator(".widget-select select").first.select_option(index=0)
+        expect(widget).to_contain_text("rank 1 (last)")
+        timeline.screenshot(path=ARTIFACTS / "timelines-straggler-picked.png")
+        assert (lab.root / "timeline.json").is_file(), "--export wrote no timeline.json"
+
+        per_cell = cell(page, index["cell-timeline"])
+        expect(per_cell.locator(".widget-vbox .widget-html svg").first).to_be_visible()
+        expect(per_cell.locator(".widget-vbox").first).to_contain_text("loss.backward()")
+        per_cell.screenshot(path=ARTIFACTS / "timelines-cell-timeline.png")
+
+        shown = page.locator(".jp-NotebookPanel .jp-Notebook").first.text_content() or ""
+        for broken in BROKEN_WIDGET:
+            assert broken not in shown, f"a widget did not render: {broken!r} is on the page"
+    finally:
+        page.screenshot(path=ARTIFACTS / "timelines-last-view.png")
 
 
 # --- JupyterLab ---------------------------------------------------------------------------
@@ -270,6 +319,15 @@ LAST_PROMPT = (
     "[...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt')]"
     ".map(e => e.textContent).pop() || ''"
 )
+
+
+def run_all_cells(page: Any, lab: Lab, name: str) -> None:
+    """Open notebook `name`, run *Run > Run All Cells* and wait until its last cell has run."""
+    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}", timeout=60_000)
+    wait_for_kernel_idle(page)
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+    wait_until_last_cell_ran(page)
 
 
 def wait_for_kernel_idle(page: Any) -> None:

@@ -63,6 +63,95 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
         ),
         ("after-hang", "[ranks 0-1] [2.0, 6.0, 10.0]"),
     ],
+    "02-shape-mismatch.ipynb": [
+        ("plain", "[rank 1] [1, 2, 5] [0.0, 1.0, 2.0, 3.0, 4.0, 15.0, 16.0, 17.0, 18.0, 19.0]"),
+        ("plain-abort", ("RankDiedError", "rank 0", "killed by SIGABRT", "%dist_restart")),
+        (
+            "checked",
+            (
+                "CollectiveMismatchError: shape mismatch in broadcast",
+                "rank 0: broadcast(float32[1, 5], src=0)",
+                "line 6: dist.broadcast(tensor, src=0)",
+                "rank 1: broadcast(float32[1, 2, 5], src=0)",
+                "line 6: dist.broadcast(tensor, src=0)",
+                "Nothing was sent",
+            ),
+        ),
+        ("after", ("[rank 0] all_reduce: 3.0", "[rank 1] all_reduce: 3.0")),
+        ("fix", "[ranks 0-1] [1, 5] [0.0, 1.0, 2.0, 3.0, 4.0]"),
+    ],
+    "03-desync.ipynb": [
+        (
+            "early-stop",
+            (
+                "[rank 1] early stopping",
+                "CollectiveDesyncError: rank 1 finished the cell without calling all_reduce #",
+                "which rank 0 waits at cell In[",
+                "] line 9",
+            ),
+        ),
+        ("fix", ("[ranks 0-1] epoch ", ": early stopping on every rank")),
+        (
+            "skip",
+            (
+                "[rank 1] loss nan, acc 1.25",
+                "CollectiveDesyncError",
+                "rank 1 skipped all_reduce #",
+                "] line 5 (rank 0 called it); rank 1's #",
+                "] line 6",
+            ),
+        ),
+        (
+            "hang",
+            (
+                "RankTimeoutError",
+                "[rank 0] running: waiting at all_reduce",
+                "dist.all_reduce(acc)",
+                "[rank 1] running",
+                "time.sleep(60)",
+            ),
+        ),
+        ("after-hang", "[ranks 0-1] [2.0, 2.0]"),
+    ],
+    "04-shapes-and-timelines.ipynb": [
+        ("shapes", ("1 differ across ranks", "batch", "*[8, 16]", "*[8, 12]", "shape")),
+        (
+            "step",
+            (
+                "CollectiveDesyncError: rank 1 raised RuntimeError: mat1 and mat2 shapes",
+                "which rank 0 waits at cell In[",
+                "] line 4",
+            ),
+        ),
+        ("fix", ("all agree across ranks", "batch", "[8, 16]", "[8, 16]")),
+        (
+            "timeline",
+            (
+                "wrote timeline.json",
+                "Stragglers",
+                "own wait\n  1 ",  # the first row: rank 1 held the others up most
+                "Longest waits",
+                "rank 1",
+                "dist.all_reduce(x)",
+            ),
+        ),
+        ("trace-file", ("timeline.json: ", " trace events")),
+        ("cell-timeline", ("Collective timeline: 3 collectives", "loss.backward()")),
+    ],
+    "05-overflow.ipynb": [
+        ("plain", ("[rank 0] step 3: loss nan", "[rank 1] step 2: loss nan")),
+        (
+            "report",
+            (
+                "rank 1 went non-finite first: step 2, 0.dropout (Dropout) forward input[0]",
+                "rank 0 received it later",
+                "step 3",
+            ),
+        ),
+        ("train-stop", ("NonFiniteError", "rank 1: non-finite values at step 2, 0.dropout")),
+        ("after-stop", "[ranks 0-1] weights finite: False"),
+        ("report-fix", "No non-finite values on ranks 0-1."),
+    ],
     "06-doctor.ipynb": [
         ("doctor", ("rank 0: host", "rank 1: host", "bus bandwidth", "GB/s", "\nOK")),
     ],
