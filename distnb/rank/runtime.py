@@ -274,8 +274,9 @@ def _unbind_shell() -> None:
 
 def _pre_run_cell(info: Any) -> None:
     """Number this cell as the kernel numbered it, before IPython compiles it."""
-    if _runtime is None or not _runtime.store.check([keys.CELL]):
-        return  # a cell sent by plain ipyparallel, not by a session
+    if _runtime is None:
+        return
+    # The session sets CELL before it makes ranks, so this get never waits.
     cell, run_id, check = keys.decode_cell(_runtime.store.get(keys.CELL))
     # IPython has already taken this cell's number (and counted on by one) when this hook
     # runs; it compiles the cell right after, under the number taken.

@@ -97,10 +97,9 @@ class CellRun:
         self.on_death = on_death
         self._wake = threading.Event()
         control.begin_cell(cell, run_id, check)
-        client = cluster.client
         self.results: dict[int, Any] = {}
         for info in self.targets:
-            ar = client[info.engine_id].execute(code, silent=False, block=False)
+            ar = cluster.view(info.engine_id).execute(code, silent=False, block=False)
             ar.add_done_callback(lambda _f: self._wake.set())
             self.results[info.rank] = ar
         self.output = CellOutput([t.rank for t in self.targets])

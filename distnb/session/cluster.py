@@ -64,9 +64,17 @@ class Cluster:
         )
         self._env = env
         self.client: Any = None
+        self._views: dict[int, Any] = {}
         self._procs: dict[int, psutil.Process] = {}
         self._reaper = Reaper()  # last: nothing above may fail and leave it behind
         self._reaper.remove_later(self._own_profile)
+
+    def view(self, engine_id: int) -> Any:
+        """The DirectView of one engine (made once: a view is a traitlets object)."""
+        view = self._views.get(engine_id)
+        if view is None:
+            view = self._views[engine_id] = self.client[engine_id]
+        return view
 
     def launch(self) -> None:
         """Start the controller and the engines, without waiting for them."""

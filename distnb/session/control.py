@@ -31,6 +31,7 @@ class ControlPlane:
         self.port: int = self._server.port
         self.store: Any = dist.PrefixStore(self.session_id, self._server)
         self._stack_requests: dict[int, int] = {}
+        self.begin_cell(0, 0, True)  # ranks read it before every cell: it must always be there
 
     def begin_cell(self, cell: int, run_id: int, check: bool) -> None:
         self.store.set(keys.CELL, keys.encode_cell(cell, run_id, check))
