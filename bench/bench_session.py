@@ -113,6 +113,21 @@ def shapes_time(session: distnb.Session, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
+def desync_release_time(session: distnb.Session, repeats: int = 7) -> float:
+    """A cell in which rank 1 finishes at once while rank 0 waits at an all_reduce: the whole
+    cell's time is the time to release rank 0 (plus one empty cell's round trip)."""
+    from distnb.errors import CollectiveDesyncError
+
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        try:
+            session.run("x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)", timeout=30)
+        except CollectiveDesyncError:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -130,6 +145,7 @@ def main() -> None:
         if i == 0:
             ours_cells, raw_cells, raw_out_cells = cell_times(session, args.cells)
             shapes = shapes_time(session)
+            release = desync_release_time(session)
         stops.append(stop_time(session))
     med = statistics.median
     rows = [
@@ -148,6 +164,7 @@ def main() -> None:
             "raw execute + wait for output",
         ),
         ("shape table, 1,000 tensors x 2 ranks (s)", shapes, None, ""),
+        ("desync: rank done -> waiter released (s)", release, None, ""),
     ]
     print(f"{'measure':42} {'distnb':>9} {'peer':>9} {'ratio':>7}  peer")
     for name, ours, peer, label in rows:
