@@ -10,7 +10,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from distnb.errors import ConfigError, SessionError
-from distnb.session import Options, Session
+from distnb.session import Session
+from distnb.session.options import Options
 from distnb.views.display import show
 from distnb.views.status import Status
 
