@@ -17,10 +17,12 @@ Records hold no tensors and import no torch: they cross processes as JSON-able d
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from distnb.records.codec import decode, encode
 
 __all__ = [
     "CallSite",
@@ -47,11 +49,11 @@ class CallSite:
         return f"{self.file}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "cell": self.cell, "code": self.code}
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CallSite:
-        return cls(str(d["file"]), int(d["line"]), _opt_int(d.get("cell")), str(d.get("code", "")))
+        return decode(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,35 +79,11 @@ class CollectiveEvent:
     group_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "group": self.group,
-            "seq": self.seq,
-            "op": self.op,
-            "nbytes": self.nbytes,
-            "site": self.site.to_dict(),
-            "arrive_ns": self.arrive_ns,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "cell": self.cell,
-            "group_size": self.group_size,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CollectiveEvent:
-        return cls(
-            rank=int(d["rank"]),
-            group=str(d["group"]),
-            seq=int(d["seq"]),
-            op=str(d["op"]),
-            nbytes=int(d["nbytes"]),
-            site=CallSite.from_dict(d["site"]),
-            arrive_ns=int(d["arrive_ns"]),
-            start_ns=int(d["start_ns"]),
-            end_ns=int(d["end_ns"]),
-            cell=_opt_int(d.get("cell")),
-            group_size=int(d.get("group_size", 0)),
-        )
+        return decode(cls, d)
 
 
 class MatchKind(str, Enum):
@@ -148,11 +126,11 @@ class TensorSpec:
         return f"{self.dtype}[{dims}]{where}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": self.dtype, "device": self.device}
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorSpec:
-        return cls(tuple(int(x) for x in d["shape"]), str(d["dtype"]), str(d.get("device", "cpu")))
+        return decode(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,45 +161,11 @@ class Fingerprint:
     site: CallSite = field(default_factory=lambda: CallSite("", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "group": self.group,
-            "seq": self.seq,
-            "op": self.op,
-            "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs],
-            "reduce_op": self.reduce_op,
-            "root": self.root,
-            "peer": self.peer,
-            "in_splits": None if self.in_splits is None else list(self.in_splits),
-            "out_splits": None if self.out_splits is None else list(self.out_splits),
-            "count": self.count,
-            "finite": self.finite,
-            "tag": self.tag,
-            "group_ranks": list(self.group_ranks),
-            "site": self.site.to_dict(),
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Fingerprint:
-        return cls(
-            rank=int(d["rank"]),
-            group=str(d["group"]),
-            seq=int(d["seq"]),
-            op=str(d["op"]),
-            inputs=tuple(TensorSpec.from_dict(s) for s in d.get("inputs", ())),
-            outputs=tuple(TensorSpec.from_dict(s) for s in d.get("outputs", ())),
-            reduce_op=str(d.get("reduce_op", "")),
-            root=_opt_int(d.get("root")),
-            peer=_opt_int(d.get("peer")),
-            in_splits=_opt_ints(d.get("in_splits")),
-            out_splits=_opt_ints(d.get("out_splits")),
-            count=_opt_int(d.get("count")),
-            finite=None if d.get("finite") is None else bool(d["finite"]),
-            tag=int(d.get("tag", 0)),
-            group_ranks=tuple(int(r) for r in d.get("group_ranks", ())),
-            site=CallSite.from_dict(d["site"]) if "site" in d else CallSite("", 0),
-        )
+        return decode(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,31 +188,11 @@ class Mismatch:
     hint: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "op": self.op,
-            "group": self.group,
-            "seq": self.seq,
-            "fingerprints": [fp.to_dict() for fp in self.fingerprints],
-            "message": self.message,
-            "detail": self.detail,
-            "ranks": list(self.ranks),
-            "hint": self.hint,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Mismatch:
-        return cls(
-            kind=MatchKind(d["kind"]),
-            op=str(d["op"]),
-            group=str(d["group"]),
-            seq=int(d["seq"]),
-            fingerprints=tuple(Fingerprint.from_dict(f) for f in d["fingerprints"]),
-            message=str(d["message"]),
-            detail=str(d.get("detail", "")),
-            ranks=tuple(int(r) for r in d.get("ranks", ())),
-            hint=str(d.get("hint", "")),
-        )
+        return decode(cls, d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -276,11 +200,3 @@ class Mismatch:
     @classmethod
     def from_json(cls, text: str | bytes) -> Mismatch:
         return cls.from_dict(json.loads(text))
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _opt_ints(value: Sequence[Any] | None) -> tuple[int, ...] | None:
-    return None if value is None else tuple(int(x) for x in value)

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from distnb.errors import format_ranks
+from distnb.records.codec import decode, encode
 
 __all__ = [
     "CrossRankSummary",
@@ -51,16 +52,6 @@ class Phase(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     GRAD = "grad"
-
-
-def _float_out(x: float | None) -> float | str | None:
-    if x is None or math.isfinite(x):
-        return x
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-
-
-def _float_in(x: Any) -> float | None:
-    return None if x is None else float(x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,19 +115,11 @@ class Frame:
         return f"{self.nan} NaN, {self.inf} Inf of {self.numel} values"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["phase"] = self.phase.value
-        for key in ("abs_min", "abs_max", "min_nonzero", "headroom_bits"):
-            d[key] = _float_out(d[key])
-        return d
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Frame:
-        kw = dict(d)
-        kw["phase"] = Phase(kw["phase"])
-        for key in ("abs_min", "abs_max", "min_nonzero", "headroom_bits"):
-            kw[key] = _float_in(kw.get(key))
-        return cls(**kw)
+        return decode(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,35 +145,11 @@ class RankOverflowReport:
     stats: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "steps": self.steps,
-            "readbacks": self.readbacks,
-            "first": None if self.first is None else self.first.to_dict(),
-            "ring": [f.to_dict() for f in self.ring],
-            "traced": [f.to_dict() for f in self.traced],
-            "headroom": [f.to_dict() for f in self.headroom],
-            "stopped": self.stopped,
-            "stats": self.stats,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RankOverflowReport:
-        def frames(key: str) -> tuple[Frame, ...]:
-            return tuple(Frame.from_dict(f) for f in d.get(key, ()))
-
-        first = d.get("first")
-        return cls(
-            rank=int(d["rank"]),
-            steps=int(d["steps"]),
-            readbacks=int(d["readbacks"]),
-            first=None if first is None else Frame.from_dict(first),
-            ring=frames("ring"),
-            traced=frames("traced"),
-            headroom=frames("headroom"),
-            stopped=str(d.get("stopped", "")),
-            stats=str(d.get("stats", "auto")),
-        )
+        return decode(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,25 +208,11 @@ class CrossRankSummary:
         return "\n".join(self.lines())
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": list(self.ranks),
-            "firsts": [None if f is None else f.to_dict() for f in self.firsts],
-            "first_rank": self.first_rank,
-            "origin": list(self.origin),
-            "received": list(self.received),
-            "clean": list(self.clean),
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CrossRankSummary:
-        return cls(
-            ranks=tuple(d["ranks"]),
-            firsts=tuple(None if f is None else Frame.from_dict(f) for f in d["firsts"]),
-            first_rank=d["first_rank"],
-            origin=tuple(d["origin"]),
-            received=tuple(d["received"]),
-            clean=tuple(d["clean"]),
-        )
+        return decode(cls, d)
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
+
+from distnb.records.codec import decode, encode
 
 __all__ = ["Entry", "Field", "ModuleMeta", "ShapeScan", "TensorMeta", "entry_from_dict"]
 
@@ -47,6 +49,8 @@ class TensorMeta:
     global shape and `has_nonfinite` describes this rank's shard.
     """
 
+    kind: ClassVar[str] = "tensor"  # tells entries apart in JSON (see `distnb.records.codec`)
+
     name: str
     shape: tuple[int, ...]
     dtype: str
@@ -64,30 +68,11 @@ class TensorMeta:
         return n
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "tensor",
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "device": self.device,
-            "requires_grad": self.requires_grad,
-            "has_nonfinite": self.has_nonfinite,
-            "has_grad": self.has_grad,
-            "grad_nonfinite": self.grad_nonfinite,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorMeta:
-        return cls(
-            name=str(d["name"]),
-            shape=tuple(int(x) for x in d["shape"]),
-            dtype=str(d["dtype"]),
-            device=str(d["device"]),
-            requires_grad=bool(d.get("requires_grad", False)),
-            has_nonfinite=_opt_bool(d.get("has_nonfinite")),
-            has_grad=bool(d.get("has_grad", False)),
-            grad_nonfinite=_opt_bool(d.get("grad_nonfinite")),
-        )
+        return decode(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +85,8 @@ class ModuleMeta:
     and buffers holding NaN/Inf, `n_grads_nonfinite` gradients; both are None when the check was
     off.
     """
+
+    kind: ClassVar[str] = "module"
 
     name: str
     type_name: str
@@ -125,44 +112,11 @@ class ModuleMeta:
         return self.n_nonfinite > 0 or self.n_grads_nonfinite > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "module",
-            "name": self.name,
-            "type_name": self.type_name,
-            "training": self.training,
-            "n_params": self.n_params,
-            "param_numel": self.param_numel,
-            "n_buffers": self.n_buffers,
-            "buffer_numel": self.buffer_numel,
-            "dtypes": list(self.dtypes),
-            "devices": list(self.devices),
-            "n_requires_grad": self.n_requires_grad,
-            "n_grads": self.n_grads,
-            "n_nonfinite": self.n_nonfinite,
-            "n_grads_nonfinite": self.n_grads_nonfinite,
-            "params": [p.to_dict() for p in self.params],
-            "buffers": [b.to_dict() for b in self.buffers],
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModuleMeta:
-        return cls(
-            name=str(d["name"]),
-            type_name=str(d["type_name"]),
-            training=bool(d["training"]),
-            n_params=int(d["n_params"]),
-            param_numel=int(d["param_numel"]),
-            n_buffers=int(d["n_buffers"]),
-            buffer_numel=int(d["buffer_numel"]),
-            dtypes=tuple(str(x) for x in d["dtypes"]),
-            devices=tuple(str(x) for x in d["devices"]),
-            n_requires_grad=int(d["n_requires_grad"]),
-            n_grads=int(d["n_grads"]),
-            n_nonfinite=_opt_int(d.get("n_nonfinite")),
-            n_grads_nonfinite=_opt_int(d.get("n_grads_nonfinite")),
-            params=tuple(TensorMeta.from_dict(p) for p in d.get("params", ())),
-            buffers=tuple(TensorMeta.from_dict(b) for b in d.get("buffers", ())),
-        )
+        return decode(cls, d)
 
 
 Entry: TypeAlias = TensorMeta | ModuleMeta
@@ -171,10 +125,10 @@ Entry: TypeAlias = TensorMeta | ModuleMeta
 def entry_from_dict(d: Mapping[str, Any]) -> Entry:
     """Rebuild a `TensorMeta` or `ModuleMeta` from its `to_dict()` form (told apart by `kind`)."""
     kind = d.get("kind")
-    if kind == "tensor":
-        return TensorMeta.from_dict(d)
-    if kind == "module":
-        return ModuleMeta.from_dict(d)
+    if kind == TensorMeta.kind:
+        return decode(TensorMeta, d)
+    if kind == ModuleMeta.kind:
+        return decode(ModuleMeta, d)
     raise ValueError(f"unknown shape-scan entry kind {kind!r}; expected 'tensor' or 'module'")
 
 
@@ -194,28 +148,8 @@ class ShapeScan:
     not_found: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "device": self.device,
-            "truncated": self.truncated,
-            "not_found": list(self.not_found),
-            "entries": [e.to_dict() for e in self.entries],
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ShapeScan:
-        return cls(
-            rank=int(d["rank"]),
-            entries=tuple(entry_from_dict(e) for e in d["entries"]),
-            device=str(d.get("device", "cpu")),
-            truncated=int(d.get("truncated", 0)),
-            not_found=tuple(str(n) for n in d.get("not_found", ())),
-        )
-
-
-def _opt_bool(v: Any) -> bool | None:
-    return None if v is None else bool(v)
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
+        return decode(cls, d)
