@@ -32,6 +32,7 @@ from typing import (
     ClassVar,
     TypeVar,
     Union,
+    cast,
     get_args,
     get_origin,
     get_type_hints,
@@ -40,7 +41,7 @@ from typing import (
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["decode", "encode"]
+__all__ = ["Record", "decode", "encode"]
 
 R = TypeVar("R", bound="DataclassInstance")
 Convert = Callable[[Any], Any]
@@ -191,3 +192,22 @@ def _tagged(members: list[Any]) -> Convert:
         return by_tag[tag](data)
 
     return pick
+
+
+T = TypeVar("T", bound="Record")
+
+
+class Record:
+    """Base of distnb's records: `to_dict()` and `from_dict(data)` through this codec.
+
+    Subclasses are frozen, slotted dataclasses; this base has no fields and no slots of its own.
+    """
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(cast("DataclassInstance", self))
+
+    @classmethod
+    def from_dict(cls: type[T], d: Mapping[str, Any]) -> T:
+        return cast(T, decode(cast("type[DataclassInstance]", cls), d))

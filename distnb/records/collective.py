@@ -17,12 +17,10 @@ Records hold no tensors and import no torch: they cross processes as JSON-able d
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-from distnb.records.codec import decode, encode
+from distnb.records.codec import Record
 
 __all__ = [
     "CallSite",
@@ -35,7 +33,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class CallSite:
+class CallSite(Record):
     """Where a collective was called: a notebook cell and line, or a file and line."""
 
     file: str
@@ -48,16 +46,9 @@ class CallSite:
             return f"cell In[{self.cell}] line {self.line}"
         return f"{self.file}:{self.line}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CallSite:
-        return decode(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class CollectiveEvent:
+class CollectiveEvent(Record):
     """One collective as one rank saw it; the timeline's unit.
 
     Times are `time.monotonic_ns()`-style nanoseconds on the rank's clock (one shared clock on one
@@ -77,13 +68,6 @@ class CollectiveEvent:
     end_ns: int
     cell: int | None = None
     group_size: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CollectiveEvent:
-        return decode(cls, d)
 
 
 class MatchKind(str, Enum):
@@ -106,7 +90,7 @@ class MatchKind(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class TensorSpec:
+class TensorSpec(Record):
     """A tensor's shape, dtype (`"float32"`) and device type (`"cpu"`, `"cuda"`), without data."""
 
     shape: tuple[int, ...]
@@ -125,16 +109,9 @@ class TensorSpec:
         where = "" if self.device == "cpu" else f" on {self.device}"
         return f"{self.dtype}[{dims}]{where}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TensorSpec:
-        return decode(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class Fingerprint:
+class Fingerprint(Record):
     """What one rank is about to do at (group, seq); compared across ranks before data moves.
 
     `rank`, `root` and `peer` are global ranks. `inputs`/`outputs` are the tensors the call reads
@@ -160,16 +137,9 @@ class Fingerprint:
     group_ranks: tuple[int, ...] = ()
     site: CallSite = field(default_factory=lambda: CallSite("", 0))
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Fingerprint:
-        return decode(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class Mismatch:
+class Mismatch(Record):
     """Ranks' fingerprints at (group, seq) that do not fit together.
 
     `fingerprints` holds one per rank, in rank order; `ranks` the ranks at fault where that can
@@ -186,13 +156,6 @@ class Mismatch:
     detail: str = ""
     ranks: tuple[int, ...] = ()
     hint: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Mismatch:
-        return decode(cls, d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -29,13 +29,12 @@ are written as the strings "nan", "inf", "-inf").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from distnb.errors import format_ranks
-from distnb.records.codec import decode, encode
+from distnb.records.codec import Record
 
 __all__ = [
     "CrossRankSummary",
@@ -55,7 +54,7 @@ class Phase(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(Record):
     """One tensor at one point of a step, with statistics read back from the device.
 
     `abs_min`/`abs_max` are the smallest and largest `|x|` (NaN when the tensor holds a NaN;
@@ -114,16 +113,9 @@ class Frame:
             return f"{kind} among {self.numel} values (counts not measured)"
         return f"{self.nan} NaN, {self.inf} Inf of {self.numel} values"
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Frame:
-        return decode(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class RankOverflowReport:
+class RankOverflowReport(Record):
     """What one rank's tracer saw.
 
     `first`: the first non-finite frame (None while every value was finite). `ring`: the last
@@ -144,16 +136,9 @@ class RankOverflowReport:
     stopped: str = ""
     stats: str = "auto"
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> RankOverflowReport:
-        return decode(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class CrossRankSummary:
+class CrossRankSummary(Record):
     """Which rank went non-finite first, and who got it later.
 
     - `first_rank`/`first`: the earliest first non-finite frame over all ranks, by (step,
@@ -206,13 +191,6 @@ class CrossRankSummary:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CrossRankSummary:
-        return decode(cls, d)
 
 
 def _ranks(ranks: Sequence[int]) -> str:

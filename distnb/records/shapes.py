@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, TypeAlias
 
-from distnb.records.codec import decode, encode
+from distnb.records.codec import Record, decode
 
 __all__ = ["Entry", "Field", "ModuleMeta", "ShapeScan", "TensorMeta", "entry_from_dict"]
 
@@ -40,7 +40,7 @@ class Field(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class TensorMeta:
+class TensorMeta(Record):
     """One tensor as a rank sees it, without its data.
 
     `has_nonfinite` is None when it was not checked (checking switched off, a `meta` or sparse
@@ -67,16 +67,9 @@ class TensorMeta:
             n *= d
         return n
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TensorMeta:
-        return decode(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class ModuleMeta:
+class ModuleMeta(Record):
     """An `nn.Module` summarised over its parameters and buffers.
 
     Counts come first because a model has thousands of parameters: the table shows one row per
@@ -111,13 +104,6 @@ class ModuleMeta:
             return None
         return self.n_nonfinite > 0 or self.n_grads_nonfinite > 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ModuleMeta:
-        return decode(cls, d)
-
 
 Entry: TypeAlias = TensorMeta | ModuleMeta
 
@@ -133,7 +119,7 @@ def entry_from_dict(d: Mapping[str, Any]) -> Entry:
 
 
 @dataclass(frozen=True, slots=True)
-class ShapeScan:
+class ShapeScan(Record):
     """Everything one rank reported: its entries in namespace order.
 
     `device` is the rank's own device (see the module docstring). `truncated` counts tensors left
@@ -146,10 +132,3 @@ class ShapeScan:
     device: str = "cpu"
     truncated: int = 0
     not_found: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ShapeScan:
-        return decode(cls, d)
