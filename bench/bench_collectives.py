@@ -317,19 +317,23 @@ def time_ops(
 
 
 def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
-    """all_reduce with other work between calls: ranks arrive with their usual skew, but the
+    """Collectives with other work between calls: ranks arrive with their usual skew, but the
     early rank has no earlier op to overlap with, so what remains is the check itself."""
     rows = []
-    for label in ("8 el", "4 MiB"):
+    for op, label in (
+        ("all_reduce", "8 el"),
+        ("all_reduce", "4 MiB"),
+        ("broadcast", "4 MiB"),
+        ("broadcast", "64 MiB"),
+    ):
         iters, rounds = (30, 3) if quick else (100, 5)
-        if label == "4 MiB":
-            iters //= 5
+        iters //= {"8 el": 1, "4 MiB": 5, "64 MiB": 25}[label]
         per_mode: dict[str, list[int]] = {m: [] for m in ("plain", "checked", "DETAIL")}
         for _ in range(rounds):
             for mode in per_mode:
                 per_rank = cluster.ask(
                     "time_op",
-                    op="all_reduce",
+                    op=op,
                     numel=SIZES[label],
                     mode=mode,
                     iters=iters,
@@ -337,9 +341,9 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
                 )
                 per_mode[mode] += [max(ts) for ts in zip(*per_rank, strict=True)]
         med = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
-        rows.append((cluster.world, "all_reduce", label, med))
+        rows.append((cluster.world, op, label, med))
         print(
-            f"{cluster.world:>5} | all_reduce, {gap_ms:g} ms between calls | {label:>6} | "
+            f"{cluster.world:>5} | {op}, {gap_ms:g} ms between calls | {label:>6} | "
             f"plain {med['plain']:.3f} ms | checked {med['checked']:.3f} ms "
             f"({med['checked'] / med['plain']:.2f}x) | DETAIL {med['DETAIL']:.3f} ms "
             f"({med['DETAIL'] / med['plain']:.2f}x)",
@@ -406,6 +410,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer iterations, no 64 MiB")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--extras-only", action="store_true", help="skip the timing tables")
+    parser.add_argument(
+        "--gap-only", action="store_true", help="only the rows with work between calls"
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else PLAN
     sizes = {k: v for k, v in SIZES.items() if k in plan}
@@ -417,9 +424,12 @@ def main(argv: list[str] | None = None) -> None:
     for world in args.ranks:
         cluster = Cluster(world)
         try:
-            if not args.extras_only:
+            if not args.extras_only and not args.gap_only:
                 time_ops(cluster, sizes, plan)
+            if not args.extras_only:
                 time_with_gap(cluster, 2.0, args.quick)
+            if args.gap_only:
+                continue
             trials = 10 if args.quick else 30
             extras.append(
                 {
