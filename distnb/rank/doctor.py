@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from distnb.rank import runtime
+from distnb.rank import checked, runtime
 from distnb.records.doctor import Bandwidth, DoctorReport
 
 
@@ -52,7 +52,7 @@ def check(sizes: Sequence[int], iters: int = 5) -> DoctorReport:
 def _bandwidth(nbytes: int, iters: int, device: torch.device, world: int) -> Bandwidth:
     t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
     times = []
-    with runtime.unchecked():
+    with checked.unchecked():
         dist.all_reduce(t)  # warm-up: connections and buffers
         for _ in range(iters):
             start = time.perf_counter()

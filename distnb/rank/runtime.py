@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -24,10 +24,14 @@ import torch
 import torch.distributed as dist
 
 from distnb import keys
+from distnb.rank import checked
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 from distnb.records.collective import CollectiveEvent, Mismatch
 from distnb.records.overflow import RankOverflowReport
 from distnb.records.shapes import ShapeScan
+
+# `unchecked()` blocks opened for a cell run with checks off, closed when it ends.
+_cell_unchecked: list[AbstractContextManager[None]] = []
 
 # The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
 _shell: Any = None
@@ -137,18 +141,12 @@ def _lookup(path: str) -> Any:
 
 def last_mismatch() -> Mismatch | None:
     """The collective mismatch this rank raised last, as a record."""
-    from distnb.rank import checked
-
-    return checked.last_mismatch() if checked.installed() else None
+    return checked.last_mismatch()
 
 
 def events(since_cell: int | None) -> list[CollectiveEvent]:
     """This rank's recorded collectives, from run `since_cell` on (all when None)."""
-    try:
-        from distnb.rank import checked
-    except ImportError:
-        return []
-    return checked.events(since_cell) if checked.installed() else []
+    return checked.events(since_cell)
 
 
 def clock_ns() -> int:
@@ -158,15 +156,6 @@ def clock_ns() -> int:
 
 def current_device() -> torch.device:
     return _runtime.device if _runtime is not None else torch.device("cpu")
-
-
-def unchecked() -> AbstractContextManager[None]:
-    """The checked runtime's `unchecked()`, or a no-op where it is not there."""
-    try:
-        from distnb.rank import checked
-    except ImportError:
-        return nullcontext()
-    return checked.unchecked() if checked.installed() else nullcontext()
 
 
 def connect(spec: RankSpec) -> dist.Store:
@@ -190,35 +179,16 @@ def shutdown() -> None:
     _runtime = None
 
 
-def set_checks(enabled: bool) -> None:
-    """Turn the checked-collective runtime on or off for the following cells."""
-    if _runtime is None:
-        return
-    if enabled:
-        _install_checks(_runtime.spec, _runtime.store)
-    else:
-        _uninstall_checks()
-
-
 def _install_checks(spec: RankSpec, store: dist.Store) -> None:
-    try:
-        from distnb.rank import checked
-    except ImportError:  # the checked runtime is optional while it is being built
-        return
-    if not checked.installed():
-        checked.install(
-            dist.PrefixStore(keys.CHECK, store),
-            rank=spec.rank,
-            world_size=spec.world_size,
-            session_id=spec.session_id,
-        )
+    checked.install(
+        dist.PrefixStore(keys.CHECK, store),
+        rank=spec.rank,
+        world_size=spec.world_size,
+        session_id=spec.session_id,
+    )
 
 
 def _uninstall_checks() -> None:
-    try:
-        from distnb.rank import checked
-    except ImportError:
-        return
     if checked.installed():
         checked.uninstall()
 
@@ -242,6 +212,7 @@ def _bind_shell(spec: RankSpec, device: torch.device) -> None:
     if not isinstance(_shell.compile._filename_map, _CellNumbers):
         _shell.compile._filename_map = _CellNumbers(_shell.compile._filename_map)
     _shell.events.register("pre_run_cell", _pre_run_cell)
+    _shell.events.register("post_run_cell", _post_run_cell)
     _keep_requests_after_errors(getattr(_shell, "kernel", None))
 
 
@@ -268,8 +239,9 @@ def _keep_requests_after_errors(kernel: Any) -> None:
 
 def _unbind_shell() -> None:
     if _shell is not None:
-        with suppress(ValueError):
-            _shell.events.unregister("pre_run_cell", _pre_run_cell)
+        for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+            with suppress(ValueError):
+                _shell.events.unregister(event, hook)
 
 
 def _pre_run_cell(info: Any) -> None:
@@ -281,13 +253,15 @@ def _pre_run_cell(info: Any) -> None:
     # IPython has already taken this cell's number (and counted on by one) when this hook
     # runs; it compiles the cell right after, under the number taken.
     _shell.compile._filename_map.renumber[_shell.execution_count - 1] = cell
-    set_checks(check and _runtime.spec.check)
-    try:
-        from distnb.rank import checked
-    except ImportError:
-        return
-    if checked.installed():
-        checked.begin_cell(run_id, cell_of_file)
+    checked.begin_cell(run_id, cell_of_file)
+    if not check:  # %%allranks --unchecked: this cell only, on every rank alike
+        _cell_unchecked.append(checked.unchecked())
+        _cell_unchecked[-1].__enter__()
+
+
+def _post_run_cell(result: Any) -> None:
+    while _cell_unchecked:
+        _cell_unchecked.pop().__exit__(None, None, None)
 
 
 class _CellNumbers(dict[str, int]):

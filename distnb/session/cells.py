@@ -8,7 +8,6 @@ distnb's own records and exceptions.
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
@@ -32,8 +31,6 @@ DEATH_GRACE_S = 1.0
 REFEREE_AFTER_S = 0.005
 # How long to wait for a finished rank's last output messages.
 OUTPUT_WAIT_S = 2.0
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +352,3 @@ def _stuck_message(stuck: list[RankInfo]) -> str:
         "native code, e.g. a collective whose peer is gone): run %dist_restart "
         "(or session.restart()) to get a working cluster."
     )
-
-
-def strip_ansi(text: str) -> str:
-    return _ANSI.sub("", text)
