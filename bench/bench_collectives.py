@@ -7,6 +7,8 @@ the control plane, gloo on loopback) and times, interleaved round by round so th
 slows every mode alike:
 
 - plain:       torch.distributed as is (`distnb.unchecked()` around the call);
+- again:       plain once more, in its own turn: the control, whose ratio to plain shows how far
+               two runs of the same code differ here (the noise floor of every other ratio);
 - checked:     distnb's checked runtime (fingerprints through shared memory);
 - DETAIL:      `TORCH_DISTRIBUTED_DEBUG=DETAIL` (a process group created at debug level DETAIL,
                which wraps gloo in torch's ProcessGroupWrapper);
@@ -15,7 +17,10 @@ slows every mode alike:
                `gather_object`); without `cpu=True` it silently disables itself on CPU.
 
 all_reduce, all_gather and broadcast at 8 elements, 64 KiB, 4 MiB and 64 MiB of float32; the
-median per iteration of the slowest rank. Ratios are to plain in the same run. Then: the time
+median per iteration of the slowest rank. A machine this small drifts by a factor of two within a
+minute (plain 4 MiB broadcasts took 1.7 ms in one run and 3.2 ms in the next), so the modes take
+turns in short rounds, in forward then reverse order, and each ratio is the median over rounds of
+that round's median against plain's in the same round. Then: the time
 from the last rank's arrival to the mismatch error on every rank, how fast the kernel's abort key
 releases a waiting rank, and the CPU cost of a check with nobody to wait for.
 """
@@ -40,13 +45,14 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODES = ("plain", "checked", "DETAIL", "accel", "accel-debug")
-Row = tuple[int, str, str, dict[str, float]]  # ranks, op, size, median ms per mode
+MODES = ("plain", "again", "checked", "DETAIL", "accel", "accel-debug")
+# ranks, op, size, median ms per mode, ratio to plain per mode (median of per-round ratios)
+Row = tuple[int, str, str, dict[str, float], dict[str, float]]
 OPS = ("all_reduce", "all_gather", "broadcast")
 SIZES = {"8 el": 8, "64 KiB": 16 * 1024, "4 MiB": 1024 * 1024, "64 MiB": 16 * 1024 * 1024}
 # (iterations per round, rounds) per size, full and --quick
-PLAN = {"8 el": (200, 5), "64 KiB": (60, 5), "4 MiB": (8, 5), "64 MiB": (2, 3)}
-QUICK = {"8 el": (40, 3), "64 KiB": (15, 3), "4 MiB": (3, 3)}
+PLAN = {"8 el": (60, 20), "64 KiB": (20, 20), "4 MiB": (4, 30), "64 MiB": (1, 12)}
+QUICK = {"8 el": (40, 4), "64 KiB": (15, 4), "4 MiB": (3, 4)}
 
 
 # --- ranks --------------------------------------------------------------------------------------
@@ -298,20 +304,41 @@ class Cluster:
 # --- measurements -------------------------------------------------------------------------------
 
 
-def time_ops(
-    cluster: Cluster, sizes: dict[str, int], plan: dict[str, tuple[int, int]]
-) -> list[Row]:
+def measure(
+    cluster: Cluster,
+    op: str,
+    label: str,
+    modes: tuple[str, ...],
+    iters: int,
+    rounds: int,
+    gap_ms: float = 0,
+) -> Row:
+    """Time `op` at size `label` in every mode (the first is the baseline), in rounds that
+    alternate the order of the modes; see the module docstring for how ratios are taken."""
+    per_mode: dict[str, list[int]] = {m: [] for m in modes}
+    per_round: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            per_rank = cluster.ask(
+                "time_op", op=op, numel=SIZES[label], mode=mode, iters=iters, gap_ms=gap_ms
+            )
+            slowest = [max(ts) for ts in zip(*per_rank, strict=True)]
+            per_mode[mode] += slowest
+            per_round[mode].append(statistics.median(slowest))
+    base = per_round[modes[0]]
+    medians = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
+    ratios = {
+        m: statistics.median(a / b for a, b in zip(v, base, strict=True))
+        for m, v in per_round.items()
+    }
+    return cluster.world, op, label, medians, ratios
+
+
+def time_ops(cluster: Cluster, plan: dict[str, tuple[int, int]]) -> list[Row]:
     rows = []
     for op in OPS:
-        for label, numel in sizes.items():
-            iters, rounds = plan[label]
-            per_mode: dict[str, list[int]] = {m: [] for m in MODES}
-            for _ in range(rounds):
-                for mode in MODES:
-                    per_rank = cluster.ask("time_op", op=op, numel=numel, mode=mode, iters=iters)
-                    per_mode[mode] += [max(ts) for ts in zip(*per_rank, strict=True)]
-            medians = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
-            rows.append((cluster.world, op, label, medians))
+        for label, (iters, rounds) in plan.items():
+            rows.append(measure(cluster, op, label, MODES, iters, rounds))
             print(_row(rows[-1]), flush=True)
     return rows
 
@@ -326,27 +353,16 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
         ("broadcast", "4 MiB"),
         ("broadcast", "64 MiB"),
     ):
-        iters, rounds = (30, 3) if quick else (100, 5)
+        iters, rounds = (30, 4) if quick else (30, 20)
         iters //= {"8 el": 1, "4 MiB": 5, "64 MiB": 25}[label]
-        per_mode: dict[str, list[int]] = {m: [] for m in ("plain", "checked", "DETAIL")}
-        for _ in range(rounds):
-            for mode in per_mode:
-                per_rank = cluster.ask(
-                    "time_op",
-                    op=op,
-                    numel=SIZES[label],
-                    mode=mode,
-                    iters=iters,
-                    gap_ms=gap_ms,
-                )
-                per_mode[mode] += [max(ts) for ts in zip(*per_rank, strict=True)]
-        med = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
-        rows.append((cluster.world, op, label, med))
+        modes = ("plain", "again", "checked", "DETAIL")
+        row = measure(cluster, op, label, modes, iters, rounds, gap_ms)
+        rows.append(row)
+        _, _, _, med, ratio = row
+        others = " | ".join(f"{m} {med[m]:.3f} ms ({ratio[m]:.2f}x)" for m in modes[1:])
         print(
             f"{cluster.world:>5} | {op}, {gap_ms:g} ms between calls | {label:>6} | "
-            f"plain {med['plain']:.3f} ms | checked {med['checked']:.3f} ms "
-            f"({med['checked'] / med['plain']:.2f}x) | DETAIL {med['DETAIL']:.3f} ms "
-            f"({med['DETAIL'] / med['plain']:.2f}x)",
+            f"plain {med['plain']:.3f} ms | {others}",
             flush=True,
         )
     return rows
@@ -381,11 +397,10 @@ def abort_latency(cluster: Cluster, trials: int) -> float:
 
 
 def _row(row: Row) -> str:
-    world, op, label, med = row
-    plain = med["plain"]
-    cells = [f"{world:>5}", f"{op:<11}", f"{label:>7}", f"{plain:9.3f}"]
+    world, op, label, med, ratio = row
+    cells = [f"{world:>5}", f"{op:<11}", f"{label:>7}", f"{med['plain']:9.3f}"]
     for mode in MODES[1:]:
-        cells.append(f"{med[mode]:9.3f} {med[mode] / plain:5.2f}x")
+        cells.append(f"{med[mode]:9.3f} {ratio[mode]:5.2f}x")
     return " | ".join(cells)
 
 
@@ -415,17 +430,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else PLAN
-    sizes = {k: v for k, v in SIZES.items() if k in plan}
     print("$ python " + " ".join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
     print(machine())
-    print(f"median per iteration of the slowest rank; modes interleaved; {time.ctime()}\n")
+    print(
+        "median per iteration of the slowest rank; ratio: median over rounds of the round's "
+        f"ratio to plain; modes take turns; {time.ctime()}\n"
+    )
     print(header())
     extras: list[dict[str, Any]] = []
     for world in args.ranks:
         cluster = Cluster(world)
         try:
             if not args.extras_only and not args.gap_only:
-                time_ops(cluster, sizes, plan)
+                time_ops(cluster, plan)
             if not args.extras_only:
                 time_with_gap(cluster, 2.0, args.quick)
             if args.gap_only:

@@ -6,7 +6,8 @@ cell reports the cell's line; when the whole stack is library code, the innermos
 torch and distnb is reported instead.
 
 Runs on every checked call, so it is cheap: a `sys._getframe` walk with one dict lookup per frame
-(what we know about a code object is cached), and the source line is read once per (code, line).
+(what we know about a code object is cached), and one more for the site of (code, line), which is
+built once per cell: the cell resolver can map a file to a later cell after each new cell.
 Notebook cells compile to files like `<ipython-input-3-abc>` or `/tmp/ipykernel_1/456.py`; the
 session maps them to cell numbers with `set_cell_resolver`; without it sites are `file:line`.
 """
@@ -49,12 +50,16 @@ _CODE_LEN = 120
 # run again is a later cell in the same file.
 _codes: dict[int, tuple[CodeType, int, str]] = {}
 _lines: dict[tuple[str, int], str] = {}
+# (id(code), line) -> site; valid while `_codes` holds the code, and until the next cell
+_sites: dict[tuple[int, int], Site] = {}
 _resolver: Callable[[str], int | None] | None = None
 
 
 def set_cell_resolver(resolver: Callable[[str], int | None] | None) -> None:
-    """Map compiled-cell filenames to cell numbers from now on (None: report file:line)."""
+    """Map compiled-cell filenames to cell numbers from now on (None: report file:line).
+    Called at the start of every cell: the sites built so far may name an older cell."""
     global _resolver
+    _sites.clear()
     if resolver is not _resolver:
         _resolver = resolver
         _codes.clear()
@@ -78,15 +83,22 @@ def lookup(skip: int = 2) -> Site:
 
 
 def _site(frame: FrameType, info: tuple[CodeType, int, str]) -> Site:
-    _, kind, file = info
+    code, kind, file = info
     line = frame.f_lineno or 0
-    cell = _resolver(file) if _resolver is not None and kind == 0 else None
-    return file, line, -1 if cell is None else cell, _source(frame.f_code, file, line)
+    key = (id(code), line)
+    site = _sites.get(key)
+    if site is None:
+        if len(_sites) >= _MAX_CACHE:
+            _sites.clear()
+        cell = _resolver(file) if _resolver is not None and kind == 0 else None
+        site = _sites[key] = (file, line, -1 if cell is None else cell, _source(code, file, line))
+    return site
 
 
 def _classify(code: CodeType) -> tuple[CodeType, int, str]:
     if len(_codes) >= _MAX_CACHE:
         _codes.clear()
+        _sites.clear()
     file = code.co_filename
     path = os.path.abspath(file) if os.sep in file else ""
     kind = 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0

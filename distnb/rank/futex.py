@@ -1,10 +1,11 @@
 """Blocking waits on a 32-bit word in shared memory: Linux futexes, through ctypes.
 
-A rank waiting for its peers' fingerprints must not spin: on a machine with as many ranks as
-cores, a spinning rank takes the CPU its peer (or gloo's threads) needs, and measured here a
-1 ms spin made a checked 8-element all_reduce 3.4x slower. `wait` sleeps in the kernel until a
-`wake` on the same word (the writer's post) or the timeout; the caller re-checks what it waits
-for either way. `AVAILABLE` is False off Linux x86-64/aarch64: callers then poll with sleeps.
+A rank waiting for its peers' fingerprints must not spin for long: on a machine with as many
+ranks as cores, a spinning rank takes the CPU its peer (or gloo's threads) needs.
+`distnb.rank.exchange.collect` spins only while waits stay short, and sleeps here beyond that.
+`wait` sleeps in the kernel until a `wake` on the same word (the writer's post) or the timeout;
+the caller re-checks what it waits for either way. `AVAILABLE` is False off Linux
+x86-64/aarch64: callers then poll with sleeps.
 """
 
 from __future__ import annotations

@@ -104,6 +104,22 @@ def test_collect_waits_for_a_late_post(shm: ShmBoard, store: dist.Store, kind: s
     assert ticks and ticks[0] == [1]  # a 30 ms wait ticks (every 5 ms) with what is missing
 
 
+def test_spin_shrinks_while_waits_are_long_and_returns_after_a_short_one(
+    shm: ShmBoard, store: dist.Store
+) -> None:
+    assert shm.spin_ns == exchange.SPIN_NS  # ranks in step: poll before sleeping
+    thread = _post_later(shm, 1, 1, 0.03)  # a wait far longer than a spin
+    assert collect(shm, [1], 1, lambda *_: None) == [b"F-late"]
+    thread.join()
+    assert shm.spin_ns == exchange.SPIN_NS // 2
+    for _ in range(40):  # a peer that is always late: soon no spinning at all
+        shm.waited(10 * exchange.SPIN_NS)
+    assert shm.spin_ns == 0
+    shm.waited(exchange.SPIN_NS // 10)  # in step again
+    assert shm.spin_ns == exchange.SPIN_NS
+    assert StoreBoard(store, "fp/s", 2).spin_ns == 0  # each poll is a round trip
+
+
 def test_tick_can_stop_a_wait(shm: ShmBoard) -> None:
     class Stop(Exception):
         pass
