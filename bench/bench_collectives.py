@@ -19,8 +19,8 @@ slows every mode alike:
 all_reduce, all_gather and broadcast at 8 elements, 64 KiB, 4 MiB and 64 MiB of float32; the
 median per iteration of the slowest rank. A machine this small drifts by a factor of two within a
 minute (plain 4 MiB broadcasts took 1.7 ms in one run and 3.2 ms in the next), so the modes take
-turns in short rounds, in forward then reverse order, and each ratio is the median over rounds of
-that round's median against plain's in the same round. Then: the time
+turns in short rounds, each mode in every place of the order in turn, and each ratio is the
+median over rounds of that round's median against plain's in the same round. Then: the time
 from the last rank's arrival to the mismatch error on every rank, how fast the kernel's abort key
 releases a waiting rank, and the CPU cost of a check with nobody to wait for.
 """
@@ -318,7 +318,9 @@ def measure(
     per_mode: dict[str, list[int]] = {m: [] for m in modes}
     per_round: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(rounds):
-        for mode in modes if r % 2 == 0 else modes[::-1]:
+        k = r % len(modes)  # every mode takes every place in the order, forwards and backwards
+        order = modes[k:] + modes[:k]
+        for mode in order if r // len(modes) % 2 == 0 else order[::-1]:
             per_rank = cluster.ask(
                 "time_op", op=op, numel=SIZES[label], mode=mode, iters=iters, gap_ms=gap_ms
             )

@@ -104,20 +104,23 @@ def test_collect_waits_for_a_late_post(shm: ShmBoard, store: dist.Store, kind: s
     assert ticks and ticks[0] == [1]  # a 30 ms wait ticks (every 5 ms) with what is missing
 
 
-def test_spin_shrinks_while_waits_are_long_and_returns_after_a_short_one(
+def test_a_board_polls_around_the_time_it_expects_the_next_post(
     shm: ShmBoard, store: dist.Store
 ) -> None:
-    assert shm.spin_ns == exchange.SPIN_NS  # ranks in step: poll before sleeping
-    thread = _post_later(shm, 1, 1, 0.03)  # a wait far longer than a spin
+    spin = exchange.SPIN_NS
+    assert shm.window() == (0, spin // 2)  # ranks in step: poll from the start
+    thread = _post_later(shm, 1, 1, 0.03)  # a 30 ms wait: far outside that window
     assert collect(shm, [1], 1, lambda *_: None) == [b"F-late"]
     thread.join()
-    assert shm.spin_ns == exchange.SPIN_NS // 2
-    for _ in range(40):  # a peer that is always late: soon no spinning at all
-        shm.waited(10 * exchange.SPIN_NS)
-    assert shm.spin_ns == 0
-    shm.waited(exchange.SPIN_NS // 10)  # in step again
-    assert shm.spin_ns == exchange.SPIN_NS
-    assert StoreBoard(store, "fp/s", 2).spin_ns == 0  # each poll is a round trip
+    start, end = shm.window()  # a miss: half as wide, around the 30 ms just seen
+    assert end - start == (spin // 2) * 3 // 2 and 30e6 <= end < 60e6
+    shm.waited(shm.expect_ns + spin // 10)  # as foreseen: full width again
+    assert shm.window()[1] - shm.window()[0] == spin * 3 // 2
+    for i in range(40):  # peers that come at unforeseeable times: soon no polling at all
+        shm.waited(10 * spin * (i % 2 + 1))
+    start, end = shm.window()
+    assert start == end
+    assert StoreBoard(store, "fp/s", 2).window() == (0, 0)  # each poll is a round trip
 
 
 def test_tick_can_stop_a_wait(shm: ShmBoard) -> None:
