@@ -31,7 +31,7 @@ plain gloo, already waiting inside the call, adds none; on a virtual machine a w
 idle CPU costs 0.1-0.3 ms. Why not poll all along: it takes CPU a busy peer needs (a root
 polling while its peer copied the last 4 MiB broadcast slowed that copy). So a board guesses
 that a wait lasts as long as its last one, sleeps until `SPIN_NS` before that and polls until
-half of `SPIN_NS` after it; the guess is right for ranks in step (a loop of small collectives:
+`SPIN_NS` after it; the guess is right for ranks in step (a loop of small collectives:
 from the start; a root waiting for its peer to finish receiving: just before the peer comes).
 A wait the window would have missed halves the next window, so a rank whose peers arrive at
 unforeseeable times soon just sleeps. Measured here, against sleeping throughout: a checked
@@ -223,16 +223,15 @@ class ShmBoard:
             time.sleep(min(timeout_ns / 1e9, MIN_SLEEP_S * 2**attempt, MAX_SLEEP_S))
 
     def window(self) -> tuple[int, int]:
-        """When the next wait polls instead of sleeping, in ns from its start: around the
-        guess, from `spin_ns` before it (a post seen while asleep is seen a wake-up late, so
-        guesses run late) to half of that after."""
-        return max(0, self.expect_ns - self.spin_ns), self.expect_ns + self.spin_ns // 2
+        """When the next wait polls instead of sleeping, in ns from its start: `spin_ns`
+        either side of the guess."""
+        return max(0, self.expect_ns - self.spin_ns), self.expect_ns + self.spin_ns
 
     def waited(self, ns: int) -> None:
         """A wait lasted `ns`. If the window would have caught it, spin in full next time;
         if not, half as long (one odd step does not stop the spinning; a peer that keeps
         arriving at unforeseeable times soon does)."""
-        hit = self.expect_ns - SPIN_NS <= ns <= self.expect_ns + SPIN_NS // 2
+        hit = abs(ns - self.expect_ns) <= SPIN_NS
         self.spin_ns = SPIN_NS if hit else self.spin_ns // 2
         self.expect_ns = ns
 
