@@ -35,6 +35,9 @@ CONTROLLER_ARGS = [
 
 # ipyparallel's log lines: "2026-11-21 09:00:00.123 [IPEngine...] ..."
 _IPP_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \[")
+# Shared memory that an MPI library removes only in MPI_Finalize, which a killed rank never
+# reaches: OpenMPI's segments (vader in 4.x, sm in 5.x), 8 MiB a run left in /dev/shm.
+_MPI_SHM = re.compile(r"^/dev/shm/(vader|sm)_segment\.[^ ]*$")
 
 # Launchers whose engines run this Python, so they can use distnb's engine entry point.
 LOCAL_PYTHON_LAUNCHERS = {"local", "mpi", "mpiexec"}
@@ -182,9 +185,13 @@ class Cluster:
         if self.client is not None:
             self.client.close()
             self.client = None
+        segments = _mpi_segments(procs)
         for proc in procs:
             _send(proc, signal.SIGKILL)
         alive = _wait_dead(procs, timeout)
+        for path in segments:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         # The processes are gone already; ipyparallel only tidies its files.
         with contextlib.suppress(Exception):
             self.cluster.stop_cluster_sync()
@@ -198,6 +205,15 @@ def proc_cmd(proc: psutil.Process) -> list[str]:
         return list(proc.cmdline())
     except psutil.Error:
         return []
+
+
+def _mpi_segments(procs: list[psutil.Process]) -> set[str]:
+    """The MPI shared-memory files these processes have mapped (see `_MPI_SHM`)."""
+    paths: set[str] = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            paths.update(m.path for m in proc.memory_maps() if _MPI_SHM.match(m.path))
+    return paths
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import shutil
 
@@ -26,8 +27,10 @@ def test_mpi_ranks_agree_with_the_process_group(
     # openmpi refuses to run as root unless told; CI runs as root.
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    before = set(glob.glob("/dev/shm/*_segment.*"))
     with distnb.start(2, engines="mpi", progress=False) as s:
         pids = s.pids()
+        mapped = set(glob.glob("/dev/shm/*_segment.*")) - before
         s.run(
             "import os\n"
             "mpi = os.environ['OMPI_COMM_WORLD_RANK']\n"
@@ -39,3 +42,6 @@ def test_mpi_ranks_agree_with_the_process_group(
         assert "[rank 1] rank 1 pg 1 mpi 1" in out
         assert "[rank 0] sum 1.0" in out and "[rank 1] sum 1.0" in out
     assert not running(pids)
+    # OpenMPI removes its shared memory in MPI_Finalize, which killed ranks never reach
+    assert mapped, "openmpi made no shared-memory segment: nothing was tested"
+    assert not set(glob.glob("/dev/shm/*_segment.*")) - before
