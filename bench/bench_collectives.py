@@ -314,7 +314,7 @@ def measure(
     gap_ms: float = 0,
 ) -> Row:
     """Time `op` at size `label` in every mode (the first is the baseline), in rounds that
-    alternate the order of the modes; see the module docstring for how ratios are taken."""
+    rotate the order of the modes; see the module docstring for how ratios are taken."""
     per_mode: dict[str, list[int]] = {m: [] for m in modes}
     per_round: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(rounds):

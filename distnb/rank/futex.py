@@ -2,7 +2,8 @@
 
 A rank waiting for its peers' fingerprints must not spin for long: on a machine with as many
 ranks as cores, a spinning rank takes the CPU its peer (or gloo's threads) needs.
-`distnb.rank.exchange.collect` spins only while waits stay short, and sleeps here beyond that.
+`distnb.rank.exchange.collect` polls only in a short window around when it expects the post,
+and sleeps here otherwise.
 `wait` sleeps in the kernel until a `wake` on the same word (the writer's post) or the timeout;
 the caller re-checks what it waits for either way. `AVAILABLE` is False off Linux
 x86-64/aarch64: callers then poll with sleeps.
