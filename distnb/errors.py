@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure, RankReport
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ __all__ = [
     "RankError",
     "RankTimeoutError",
     "SessionError",
-    "format_ranks",
 ]
 
 TRACEBACK_LIMIT = 4
@@ -178,20 +178,3 @@ def group_failures(
         key = (failure.ename, failure.evalue, failure.traceback)
         groups.setdefault(key, ([], failure))[0].append(failure.rank)
     return list(groups.values())
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """`[0, 1, 2, 5]` -> `"ranks 0-2,5"`; `[3]` -> `"rank 3"`."""
-    ordered = sorted(set(ranks))
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    spans: list[str] = []
-    start = prev = ordered[0]
-    for r in [*ordered[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return "ranks " + ",".join(spans)

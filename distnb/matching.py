@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
 from distnb.records.collective import Fingerprint, MatchKind, Mismatch, TensorSpec
 
 __all__ = ["canonical_op", "deadlock", "describe", "match", "match_p2p"]
@@ -184,7 +184,7 @@ def _count_rule(fps: Sequence[Fingerprint]) -> Found | None:
             return MatchKind.COUNT, _short_list(name, bad, fps, world), bad
         extra = tuple(f.rank for f in fps if f.rank != root and f.count is not None)
         if op == "gather_object" and extra:
-            where = _ranks(extra)
+            where = format_ranks(extra)
             return MatchKind.ROOT, f"{name} is given on {where}, which is not dst ({root})", extra
     return None
 
@@ -333,7 +333,7 @@ def _rooted_list(
     field = "outputs" if list_name.startswith("out") else "inputs"
     extra = tuple(f.rank for f in fps if f.rank != root and getattr(f, field))
     if extra:
-        where = _ranks(extra)
+        where = format_ranks(extra)
         return MatchKind.ROOT, f"{arg} is given on {where}, which is not {root_arg} ({root})", extra
     holders = [f for f in fps if f.rank == root]
     return _list_per_rank(fps, holders, list_name, own)
@@ -390,7 +390,7 @@ def _non_finite_rule(fps: Sequence[Fingerprint]) -> Found | None:
     if not bad:
         return None
     verb = "holds" if len(bad) == 1 else "hold"
-    return MatchKind.NON_FINITE, f"the input on {_ranks(bad)} {verb} NaN or Inf", bad
+    return MatchKind.NON_FINITE, f"the input on {format_ranks(bad)} {verb} NaN or Inf", bad
 
 
 def _p2p_rule(send: Fingerprint, recv: Fingerprint) -> Found | None:
@@ -549,7 +549,3 @@ def _opt(value: int | None) -> str:
 
 def _opt_list(values: tuple[int, ...] | None) -> str:
     return "even" if values is None else "[" + ", ".join(map(str, values)) + "]"
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))

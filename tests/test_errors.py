@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from distnb.errors import RankError, format_ranks, group_failures
+from distnb.errors import RankError, group_failures
+from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure
 
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
 from distnb.records.codec import Record
 
 __all__ = [
@@ -171,8 +171,8 @@ class CrossRankSummary(Record):
     def lines(self) -> list[str]:
         first = self.first
         if first is None:
-            return [f"No non-finite values on {_ranks(self.ranks)}."]
-        who = _ranks(self.origin)
+            return [f"No non-finite values on {format_ranks(self.ranks)}."]
+        who = format_ranks(self.origin)
         out = [
             f"{who} went non-finite first: step {first.step}"
             + (f" micro-step {first.micro}" if first.micro else "")
@@ -186,15 +186,11 @@ class CrossRankSummary(Record):
                 f"{f.where}."
             )
         if self.clean:
-            out.append(f"Still finite: {_ranks(self.clean)}.")
+            out.append(f"Still finite: {format_ranks(self.clean)}.")
         return out
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return format_ranks(ranks) if ranks else "no rank"
 
 
 def summarize(reports: Sequence[RankOverflowReport]) -> CrossRankSummary:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distnb import errors
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
 from distnb.views.display import in_kernel
 
 

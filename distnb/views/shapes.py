@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
 from distnb.records.shapes import Entry, Field, ModuleMeta, ShapeScan, TensorMeta
 from distnb.views._format import (
     CELL_STYLE,

@@ -13,7 +13,7 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
 from distnb.records.collective import CallSite
 from distnb.views._format import esc, format_bytes, format_ns
 from distnb.views.timeline_model import Collective, Timeline
