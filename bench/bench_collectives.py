@@ -220,8 +220,9 @@ class _Rig:
         import torch
         import torch.distributed as dist
 
-        from distnb.rank import checked, ops
-        from distnb.rank.recorder import Recorder
+        from distnb.rank import checked
+        from distnb.rank.checked import ops
+        from distnb.rank.checked.recorder import Recorder
 
         groups = [dist.new_group([r]) for r in range(self.world)]
         mine = groups[self.rank]

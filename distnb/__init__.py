@@ -12,25 +12,63 @@ Importing distnb is cheap: torch, ipyparallel and ipywidgets load when a session
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from IPython.core.interactiveshell import InteractiveShell
+
     from distnb.session import Session
 
 __all__ = ["Session", "check_finite", "load_ipython_extension", "start", "unchecked"]
 __version__ = "0.1.0"
 
 
-def start(n: int | None = None, **options: Any) -> Session:
-    """Start `n` ranks and return the running `Session`; see `distnb.session.start`."""
+def start(
+    n: int | None = None,
+    *,
+    backend: str = "auto",
+    timeout: float | None = None,
+    engines: str = "local",
+    host: str = "127.0.0.1",
+    check: bool = True,
+    progress: bool = True,
+) -> Session:
+    """Start `n` ranks and return the running `Session` (`%dist_start` calls this).
+
+    `n`: ranks (default: one per local GPU, else 2). `backend`: `"auto"` (NCCL when every rank
+    has a GPU of its own, else gloo), `"gloo"` or `"nccl"`. `timeout`: each cell's default
+    timeout in seconds (None: none). `engines`: the ipyparallel launcher (`"local"`, `"mpi"`,
+    `"slurm"`, `"ssh"`, ...). `host`: the address the control plane listens on (loopback by
+    default; name an interface for ranks on other machines). `check`: the checked-collective
+    runtime. `progress`: show start-up progress.
+
+    >>> with distnb.start(2) as s:
+    ...     s.run("print(rank, world_size)")
+    [rank 0] 0 2
+    [rank 1] 1 2
+    """
     from distnb.session import start as _start
 
-    return _start(n, **options)
+    return _start(
+        n,
+        backend=backend,
+        timeout=timeout,
+        engines=engines,
+        host=host,
+        check=check,
+        progress=progress,
+    )
 
 
 def unchecked() -> AbstractContextManager[None]:
-    """On a rank: run the enclosed collectives without distnb's checks."""
+    """On a rank: run the enclosed collectives without distnb's checks (every rank alike).
+
+    >>> with distnb.unchecked():
+    ...     for _ in range(1000):
+    ...         dist.all_reduce(x)
+    """
     from distnb.rank.checked import unchecked as _unchecked
 
     return _unchecked()
@@ -38,13 +76,17 @@ def unchecked() -> AbstractContextManager[None]:
 
 def check_finite(enabled: bool = True) -> AbstractContextManager[None]:
     """On a rank: inside the block, reductions refuse NaN/Inf inputs and name the rank(s) whose
-    input held them (one `isfinite` pass and host sync per tensor)."""
+    input held them (one `isfinite` pass and host sync per tensor).
+
+    >>> with distnb.check_finite():
+    ...     dist.all_reduce(grad)   # CollectiveMismatchError: non-finite input on rank 1 ...
+    """
     from distnb.rank.checked import finite_checks
 
     return finite_checks(enabled)
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """`%load_ext distnb`: register the magics (loading twice is harmless)."""
     from distnb.magics import DistMagics
 
@@ -52,7 +94,7 @@ def load_ipython_extension(ipython: Any) -> None:
         ipython.register_magics(DistMagics(ipython))
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """`%unload_ext distnb`: stop the running session."""
     from distnb.magics import DistMagics
 
@@ -61,9 +103,13 @@ def unload_ipython_extension(ipython: Any) -> None:
             magics.session.stop()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "Session":
         from distnb.session import Session
 
         return Session
     raise AttributeError(f"module 'distnb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return [*__all__, "__version__", "unload_ipython_extension"]

@@ -143,7 +143,14 @@ class CollectiveMismatchError(CollectiveError):
     `mismatch` is the record (kind, op, seq, each rank's fingerprint), when known.
     """
 
-    mismatch: Mismatch | None = None
+    def __init__(
+        self,
+        message: str,
+        failures: Sequence[RankFailure] = (),
+        mismatch: Mismatch | None = None,
+    ) -> None:
+        super().__init__(message, failures)
+        self.mismatch = mismatch
 
 
 class CollectiveDesyncError(CollectiveError):

@@ -1,15 +1,57 @@
-"""The control plane's key layout, shared by the kernel and the ranks.
+"""The control plane's contract: every key of the session's store, built here and only here.
 
-Every key lives under the session's prefix (a `PrefixStore(session_id, ...)`), so a restarted
-cluster never reads a stale key of the one before. Kept free of torch so the kernel side can
-import it cheaply.
+The kernel hosts a `torch.distributed.TCPStore`; the session and every rank use it under the
+session's prefix (`PrefixStore(session_id, ...)`), so a restarted cluster never reads a stale key
+of the one before. Kept free of torch so the kernel side imports it cheaply.
+
+Who writes what (values in brackets):
+
+- `pg/...`: the process group's own rendezvous (torch writes these).
+- `cell` [`encode_run`]: the kernel, before each run; every rank reads it when its cell starts.
+- `stackreq/<rank>/<n>`, `stack/<rank>/<n>` [text]: the kernel asks a rank's watchdog for its live
+  stack; the watchdog answers.
+- `check/beacon/<rank>` [`Beacon` JSON]: a rank, on long waits at a checked collective; read by
+  the kernel (hang reports, the referee) and by the rank's peers (deadlocks).
+- `check/abort/<run id>` [the reason, text]: the kernel, to release ranks waiting at a
+  collective that a peer will never reach in that run.
+- `check/host/<rank>` [text]: a rank's host identity, so ranks on one host use shared memory.
+- `check/fp/...`, `check/big/...` [stamped fingerprints]: fingerprint slots of groups that span
+  hosts and of fingerprints too big for shared memory (`board`, `spill`, `slot`).
 """
 
 from __future__ import annotations
 
-PG = "pg"  # prefix of the process group's own rendezvous keys
-CHECK = "check"  # prefix of the checked-collective runtime's keys
-CELL = "cell"  # the kernel's number of the cell being run
+__all__ = [
+    "PG",
+    "RUN",
+    "abort",
+    "beacon",
+    "board",
+    "decode_run",
+    "encode_run",
+    "host",
+    "slot",
+    "spill",
+    "stack_reply",
+    "stack_request",
+]
+
+PG = "pg"
+RUN = "cell"
+_CHECK = "check"
+
+
+def encode_run(cell: int, run_id: int, check: bool) -> str:
+    """The value of `RUN`: the cell's number as the notebook shows it, the **run id** (unique
+    within the session: one notebook cell may run several times through the Python API), and
+    whether the checked runtime is on for it."""
+    return f"{cell} {run_id} {int(check)}"
+
+
+def decode_run(value: bytes | str) -> tuple[int, int, bool]:
+    text = value.decode() if isinstance(value, bytes) else value
+    cell, run_id, check = text.split()
+    return int(cell), int(run_id), check == "1"
 
 
 def stack_request(rank: int, n: int) -> str:
@@ -20,14 +62,27 @@ def stack_reply(rank: int, n: int) -> str:
     return f"stack/{rank}/{n}"
 
 
-def encode_cell(cell: int, run_id: int, check: bool) -> str:
-    """The value of CELL: the cell's number as the notebook shows it, a run id unique within the
-    session (one notebook cell may run several times through the Python API), and whether the
-    checked runtime is on for it."""
-    return f"{cell} {run_id} {int(check)}"
+def beacon(rank: int) -> str:
+    return f"{_CHECK}/beacon/{rank}"
 
 
-def decode_cell(value: bytes | str) -> tuple[int, int, bool]:
-    text = value.decode() if isinstance(value, bytes) else value
-    cell, run_id, check = text.split()
-    return int(cell), int(run_id), check == "1"
+def abort(run_id: int | None) -> str:
+    return f"{_CHECK}/abort/{'none' if run_id is None else run_id}"
+
+
+def host(rank: int) -> str:
+    return f"{_CHECK}/host/{rank}"
+
+
+def board(generation: int, name: str) -> str:
+    """Prefix of a store board's slots (groups that span hosts)."""
+    return f"{_CHECK}/fp/{generation}/{name}"
+
+
+def spill(generation: int, name: str) -> str:
+    """Prefix of the slots that hold fingerprints too big for a shared-memory slot."""
+    return f"{_CHECK}/big/{generation}/{name}"
+
+
+def slot(prefix: str, ring: int, index: int) -> str:
+    return f"{prefix}/{ring}/{index}"

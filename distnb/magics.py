@@ -9,10 +9,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from distnb.errors import ConfigError, SessionError
+import distnb
+from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
 from distnb.session import Session
-from distnb.session.options import Options
-from distnb.views.display import show
+from distnb.views.display import in_kernel, show
 from distnb.views.status import Status
 
 
@@ -39,19 +39,18 @@ class DistMagics(Magics):
             raise UsageError(
                 "a distnb cluster is already running: use it, or %dist_restart / %dist_stop first"
             )
-        options = Options(
-            n=_whole(args.n, "-n") if args.n is not None else None,
-            backend=args.backend,
-            timeout=_seconds(args.timeout),
-            engines=args.engines,
-            host=args.host,
-            check=not args.no_check,
-        )
         try:
-            self.session = Session(options)
-            return self.session.start().status()
+            self.session = distnb.start(
+                _whole(args.n, "-n") if args.n is not None else None,
+                backend=args.backend,
+                timeout=_seconds(args.timeout),
+                engines=args.engines,
+                host=args.host,
+                check=not args.no_check,
+            )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+        return self.session.status()
 
     @line_magic
     def dist_status(self, line: str) -> Any:
@@ -86,7 +85,7 @@ class DistMagics(Magics):
         session = self._running()
         ranks = _rank_list(args.ranks) if args.ranks is not None else None
         try:
-            session.run(
+            result = session.run(
                 # Line 1 of the notebook cell is the magic: keep line numbers the same on ranks.
                 "# %%allranks\n" + cell,
                 ranks=ranks,
@@ -97,6 +96,16 @@ class DistMagics(Magics):
             )
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
+        except CollectiveMismatchError as err:
+            if err.mismatch is not None and in_kernel():
+                from IPython.display import display
+
+                from distnb.views.mismatch import MismatchView
+
+                display(MismatchView(err.mismatch))
+            raise
+        for view in result.views:
+            show(view)
 
     @magic_arguments()
     @argument("names", nargs="*", help="names (or dotted paths) to show; default: every tensor")

@@ -8,9 +8,16 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from distnb.session import Session
+
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -21,7 +28,7 @@ def plain(text: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def session() -> Iterator[object]:
+def session() -> Iterator[Session]:
     import distnb
 
     s = distnb.start(2, progress=False)
@@ -30,7 +37,7 @@ def session() -> Iterator[object]:
 
 
 @pytest.fixture
-def shell(session: object) -> Iterator[object]:
+def shell(session: Session) -> Iterator[InteractiveShell]:
     """A real IPython shell with distnb loaded and bound to the shared session."""
     from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython

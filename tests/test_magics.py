@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from IPython.core.error import UsageError
@@ -11,12 +12,16 @@ import distnb
 from distnb.magics import DistMagics
 from tests.conftest import running
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def magics(shell: object) -> Iterator[DistMagics]:
-    registry = shell.magics_manager.registry  # type: ignore[attr-defined]
+def magics(shell: InteractiveShell) -> Iterator[DistMagics]:
+    registry = shell.magics_manager.registry
     yield next(m for m in registry.values() if isinstance(m, DistMagics))
 
 
@@ -27,36 +32,36 @@ def no_session(magics: DistMagics) -> Iterator[DistMagics]:
     magics.session = saved
 
 
-def test_loading_twice_registers_one_set_of_magics(shell: object) -> None:
-    shell.run_line_magic("load_ext", "distnb")  # type: ignore[attr-defined]
+def test_loading_twice_registers_one_set_of_magics(shell: InteractiveShell) -> None:
+    shell.run_line_magic("load_ext", "distnb")
     distnb.load_ipython_extension(shell)
-    registry = shell.magics_manager.registry  # type: ignore[attr-defined]
+    registry = shell.magics_manager.registry
     assert sum(isinstance(m, DistMagics) for m in registry.values()) == 1
 
 
 def test_magic_lifecycle_start_status_run_restart_stop(
-    shell: object, no_session: DistMagics, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, no_session: DistMagics, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = shell.run_line_magic("dist_start", "-n 2 --backend gloo --timeout 30 --no-check")  # type: ignore[attr-defined]
+    status = shell.run_line_magic("dist_start", "-n 2 --backend gloo --timeout 30 --no-check")
     try:
         assert [r.rank for r in status.ranks] == [0, 1]
-        assert "backend" in repr(status) and "<table>" in status._repr_html_()
+        assert "backend" in repr(status) and "<table" in status._repr_html_()
         assert no_session.session is not None and no_session.session.options.timeout == 30
-        shell.run_cell_magic(  # type: ignore[attr-defined]
+        shell.run_cell_magic(
             "allranks",
             "",
             "import distnb.rank.checked as c\nprint(dist.get_world_size(), c.installed())",
         )
         assert "[ranks 0-1] 2 False" in capsys.readouterr().out  # --no-check
         before = no_session.session.pids()
-        shell.run_line_magic("dist_restart", "")  # type: ignore[attr-defined]
+        shell.run_line_magic("dist_restart", "")
         assert not running(before)
-        assert len(shell.run_line_magic("dist_status", "").ranks) == 2  # type: ignore[attr-defined]
+        assert len(shell.run_line_magic("dist_status", "").ranks) == 2
     finally:
         pids = no_session.session.pids() if no_session.session else []
-        shell.run_line_magic("dist_stop", "")  # type: ignore[attr-defined]
+        shell.run_line_magic("dist_stop", "")
     assert not running(pids)
-    assert "no cluster running" in repr(shell.run_line_magic("dist_status", ""))  # type: ignore[attr-defined]
+    assert "no cluster running" in repr(shell.run_line_magic("dist_status", ""))
 
 
 @pytest.mark.parametrize(
@@ -71,16 +76,18 @@ def test_magic_lifecycle_start_status_run_restart_stop(
     ],
 )
 def test_bad_start_arguments_say_the_fix_and_start_nothing(
-    shell: object, no_session: DistMagics, line: str, fix: str
+    shell: InteractiveShell, no_session: DistMagics, line: str, fix: str
 ) -> None:
     with pytest.raises(UsageError, match=fix):
-        shell.run_line_magic("dist_start", line)  # type: ignore[attr-defined]
+        shell.run_line_magic("dist_start", line)
     assert no_session.session is None or not no_session.session.running
 
 
-def test_allranks_before_start_says_how_to_start(shell: object, no_session: DistMagics) -> None:
+def test_allranks_before_start_says_how_to_start(
+    shell: InteractiveShell, no_session: DistMagics
+) -> None:
     with pytest.raises(UsageError, match="%dist_start -n 2"):
-        shell.run_cell_magic("allranks", "", "print(rank)")  # type: ignore[attr-defined]
+        shell.run_cell_magic("allranks", "", "print(rank)")
 
 
 @pytest.mark.parametrize(
@@ -94,7 +101,7 @@ def test_allranks_before_start_says_how_to_start(shell: object, no_session: Dist
     ],
 )
 def test_bad_input_leaves_the_running_cluster_untouched(
-    shell: object,
+    shell: InteractiveShell,
     magics: DistMagics,
     magic: str,
     line: str,
@@ -105,9 +112,9 @@ def test_bad_input_leaves_the_running_cluster_untouched(
     before = magics.session.pids()
     with pytest.raises(UsageError, match=fix):
         if magic == "allranks":
-            shell.run_cell_magic(magic, line, "print(rank)")  # type: ignore[attr-defined]
+            shell.run_cell_magic(magic, line, "print(rank)")
         else:
-            shell.run_line_magic(magic, line)  # type: ignore[attr-defined]
+            shell.run_line_magic(magic, line)
     assert magics.session.pids() == before
-    shell.run_cell_magic("allranks", "", "print('fine')")  # type: ignore[attr-defined]
+    shell.run_cell_magic("allranks", "", "print('fine')")
     assert "[ranks 0-1] fine" in capsys.readouterr().out

@@ -315,7 +315,7 @@ def test_skipped_collective_hint() -> None:
     assert found is not None and found.hint == SKIP_HINT
     assert "may have skipped a collective" in found.message
     same_line = [fp(0, "all_reduce", inputs=(t(8),)), fp(1, "barrier")]
-    assert match(same_line).hint == ""  # type: ignore[union-attr]
+    assert match(same_line).hint == ""
 
 
 def test_split_message_says_who_sends_what() -> None:

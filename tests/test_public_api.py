@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
 import distnb
 
 
-def test_all_is_short_sorted_and_importable() -> None:
-    assert distnb.__all__ == sorted(distnb.__all__)
+def test_the_public_surface_is_pinned() -> None:
+    assert distnb.__all__ == [
+        "Session",
+        "check_finite",
+        "load_ipython_extension",
+        "start",
+        "unchecked",
+    ]
     for name in distnb.__all__:
         assert getattr(distnb, name) is not None
+    # dir() shows what a user may use, not the module's imports
+    assert sorted(dir(distnb)) == sorted(
+        [*distnb.__all__, "__version__", "unload_ipython_extension"]
+    )
+    assert distnb.Session.__module__ == "distnb.session"
+
+
+def test_start_shows_its_real_signature() -> None:
+    params = inspect.signature(distnb.start).parameters
+    assert list(params) == ["n", "backend", "timeout", "engines", "host", "check", "progress"]
+    assert all(p.kind is p.KEYWORD_ONLY for name, p in params.items() if name != "n")
+    assert "Example" in (distnb.start.__doc__ or "") or ">>>" in (distnb.start.__doc__ or "")
 
 
 def test_import_loads_no_torch_ipyparallel_or_widgets() -> None:

@@ -144,9 +144,9 @@ def last_mismatch() -> Mismatch | None:
     return checked.last_mismatch()
 
 
-def events(since_cell: int | None) -> list[CollectiveEvent]:
-    """This rank's recorded collectives, from run `since_cell` on (all when None)."""
-    return checked.events(since_cell)
+def events(since_run: int | None) -> list[CollectiveEvent]:
+    """This rank's recorded collectives, from run `since_run` on (all when None)."""
+    return checked.events(since_run)
 
 
 def clock_ns() -> int:
@@ -181,7 +181,7 @@ def shutdown() -> None:
 
 def _install_checks(spec: RankSpec, store: dist.Store) -> None:
     checked.install(
-        dist.PrefixStore(keys.CHECK, store),
+        store,
         rank=spec.rank,
         world_size=spec.world_size,
         session_id=spec.session_id,
@@ -248,12 +248,12 @@ def _pre_run_cell(info: Any) -> None:
     """Number this cell as the kernel numbered it, before IPython compiles it."""
     if _runtime is None:
         return
-    # The session sets CELL before it makes ranks, so this get never waits.
-    cell, run_id, check = keys.decode_cell(_runtime.store.get(keys.CELL))
+    # The session sets RUN before it makes ranks, so this get never waits.
+    cell, run_id, check = keys.decode_run(_runtime.store.get(keys.RUN))
     # IPython has already taken this cell's number (and counted on by one) when this hook
     # runs; it compiles the cell right after, under the number taken.
     _shell.compile._filename_map.renumber[_shell.execution_count - 1] = cell
-    checked.begin_cell(run_id, cell_of_file)
+    checked.begin_run(run_id, cell_of_file)
     if not check:  # %%allranks --unchecked: this cell only, on every rank alike
         _cell_unchecked.append(checked.unchecked())
         _cell_unchecked[-1].__enter__()

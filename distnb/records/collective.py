@@ -54,7 +54,8 @@ class CollectiveEvent(Record):
     Times are `time.monotonic_ns()`-style nanoseconds on the rank's clock (one shared clock on one
     host). `arrive_ns`: the rank entered the wrapper; `start_ns`: every peer had arrived (checks
     passed), data starts to move; `end_ns`: the op completed on this rank (for `async_op=True`,
-    when its work finished or was waited on; 0 while unknown).
+    when its work finished or was waited on; 0 while unknown). `run_id`: the session's run (a
+    cell, a script) it belongs to.
     """
 
     rank: int
@@ -66,7 +67,7 @@ class CollectiveEvent(Record):
     arrive_ns: int
     start_ns: int
     end_ns: int
-    cell: int | None = None
+    run_id: int | None = None
     group_size: int = 0
 
 

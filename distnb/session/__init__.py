@@ -14,16 +14,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from distnb.errors import (
-    CollectiveDesyncError,
-    CollectiveMismatchError,
-    ConfigError,
-    RankError,
-    SessionError,
-    format_ranks,
-)
+from distnb.errors import ConfigError, RankError, SessionError
+from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure, RankInfo, RankSpec
-from distnb.session.cells import CellResult, CellRun, Referee, assigned_names
+from distnb.records.collective import Mismatch
+from distnb.session import failures as failing
+from distnb.session.cells import CellRequest, CellResult, CellRun, Referee, assigned_names
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
 from distnb.session.options import Options, check_timeout, engine_env
@@ -35,7 +31,7 @@ if TYPE_CHECKING:
     from distnb.views.overflow import OverflowView
     from distnb.views.shapes import ShapeTableView
     from distnb.views.timeline import TimelineView
-    from distnb.views.timeline_model import ClockOffsets
+    from distnb.views.timeline.model import ClockOffsets
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 
@@ -53,11 +49,16 @@ class Session:
         self._cluster: Cluster | None = None
         self._control: ControlPlane | None = None
         self._broken = ""
-        self._cells = 0
+        self._runs = 0  # runs so far: the last one's run id
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Session:
+        """Launch the engines, make them ranks and return this session, ready for `run`.
+
+        Raises `SessionError` (nothing left running) if the cluster cannot start, `ConfigError`
+        for options that cannot work here (e.g. `backend="nccl"` without a GPU per rank).
+        """
         if self._cluster is not None:
             raise SessionError("this session is already running; stop() or restart() it first")
         opts = self.options
@@ -126,7 +127,7 @@ class Session:
             self._cluster.stop()
             self._cluster = None
         if self._control is not None:
-            from distnb.rank.exchange import cleanup
+            from distnb.rank.checked.exchange import cleanup
 
             cleanup(self._control.session_id)  # shared-memory boards of crashed ranks
             self._control.close()
@@ -145,6 +146,7 @@ class Session:
 
     @property
     def running(self) -> bool:
+        """True from `start()` until `stop()`, even while a dead rank waits for `restart()`."""
         return self._cluster is not None
 
     def pids(self) -> list[int]:
@@ -154,6 +156,13 @@ class Session:
     # --- cells ---------------------------------------------------------------------------
 
     def status(self) -> Status:
+        """One row per rank (rank, host, pid, device, backend), and what is wrong if anything.
+
+        >>> s.status()
+        rank  host  pid    device  backend
+        0     vm    13901  cpu     gloo
+        1     vm    13903  cpu     gloo
+        """
         if not self.running:
             return Status((), "distnb: no cluster running; start one with %dist_start")
         return Status(self.ranks, self._broken)
@@ -167,53 +176,74 @@ class Session:
         shapes: bool = False,
         timeline: bool = False,
     ) -> CellResult:
-        """Run `code` on every rank (or the listed ones) and show each rank's output.
+        """Run `code` on every rank (or the listed ones); return each rank's output.
 
-        Raises `RankError` (with each rank's traceback) if ranks raise, `RankTimeoutError` with
-        a hang report past `timeout` seconds, `RankDiedError` if a rank's process exits.
-        `check=False` runs the cell without the checked-collective runtime; `shapes=True` shows
-        the shape table of the names the cell assigned, after it; `timeline=True` the cell's
-        collective timeline.
+        >>> r = s.run("x = torch.ones(2) * rank\ndist.all_reduce(x)\nx.sum().item()")
+        [rank 0] ...
+        >>> r.result(1)
+        '2.0'
+
+        While it runs, each rank's output is shown as it comes (labelled, in rank order).
+        Raises `RankError` (each rank's traceback on `err.failures`) if ranks raise; the checked
+        runtime's `CollectiveMismatchError` (with `err.mismatch`) and `CollectiveDesyncError`;
+        `RankTimeoutError` with a hang report past `timeout` seconds; `RankDiedError` if a rank's
+        process exits. `check=False` runs the cell without the checked-collective runtime;
+        `shapes=True` puts the shape table of the names the cell assigned on `result.views`,
+        `timeline=True` the cell's collective timeline.
         """
-        if not self.running:
-            raise SessionError(
-                "no cluster is running: start one with %dist_start (or distnb.start())"
-            )
-        if self._broken:
-            raise SessionError(self._broken)
+        self._require_running()
         check_timeout(timeout)
         targets = self._targets(ranks)
         assert self._cluster is not None and self._control is not None
-        cell = self._next_cell()
-        run = CellRun(
-            self._cluster,
-            self._control,
-            targets,
-            cell,
-            self._cells,
-            check and self.options.check,
-            code,
-            timeout if timeout is not None else self.options.timeout,
-            self.referee,
-            self._on_death,
+        self._runs += 1
+        request = CellRequest(
+            cell=self._cell_number(),
+            run_id=self._runs,
+            code=code,
+            targets=tuple(targets),
+            check=check and self.options.check,
+            timeout=timeout if timeout is not None else self.options.timeout,
         )
-        try:
-            result = run.wait()
-        except CollectiveMismatchError as err:
-            self._explain_mismatch(err)
-            raise
-        except CollectiveDesyncError as err:
-            self._explain_desync(err, run.run_id)
-            raise
+        result = (
+            CellRun(self._cluster, self._control, request, self.referee, self._on_death)
+            .start()
+            .wait()
+        )
+        if result.failures:
+            raise self._cell_error(request.where, result)
+        views: list[Any] = []
         if shapes:
-            from distnb.views.display import show
-
-            show(self.shapes(assigned_names(code)))
+            views.append(self.shapes(assigned_names(code)))
         if timeline:
-            from distnb.views.display import show
+            views.append(self.timeline(cells=1))
+        return replace(result, views=tuple(views))
 
-            show(self.timeline(cells=1))
-        return result
+    def _cell_error(self, where: str, result: CellResult) -> RankError:
+        """The run's one exception, with what can only be learnt now that every rank is idle:
+        the mismatch record, or which call a rank skipped."""
+        mismatch: Mismatch | None = None
+        skipped = ""
+        if failing.only_checked(result.failures):
+            kinds = {f.ename for f in result.failures}
+            if "CollectiveMismatchError" in kinds:
+                rank = min(f.rank for f in result.failures if f.ename == "CollectiveMismatchError")
+                mismatch = self._last_mismatch(rank)
+            else:
+                skipped = self._skipped_call(result.run_id)
+        return failing.cell_error(where, result.failures, mismatch, skipped)
+
+    def _skipped_call(self, run_id: int) -> str:
+        from distnb.rank import runtime
+
+        events = [e for per_rank in self.call(runtime.events, run_id) for e in per_rank]
+        waiting = self.referee.waiters.pop(run_id, [])
+        return skipped_call([e for e in events if e.run_id == run_id], waiting)
+
+    def _last_mismatch(self, rank: int) -> Mismatch | None:
+        from distnb.rank import runtime
+
+        (mismatch,) = self.call(runtime.last_mismatch, ranks=[rank])
+        return mismatch  # type: ignore[no-any-return]
 
     def call(
         self,
@@ -225,29 +255,23 @@ class Session:
         """Call `fn(*args)` on every rank (or the listed ones); return the results in rank order.
 
         For distnb's own rank-side functions (records back, no output shown); `run` is for cells.
+
+        >>> s.call(os.getpid)
+        [13901, 13903]
         """
-        if not self.running:
-            raise SessionError("no cluster is running: start one with %dist_start")
+        self._require_running()
         targets = self._targets(ranks)
         assert self._cluster is not None
-        client = self._cluster.client
-        pending = [client[t.engine_id].apply_async(fn, *args) for t in targets]
-        results, failures = [], []
-        for info, ar in zip(targets, pending, strict=False):
+        pending = [self._cluster.view(t.engine_id).apply_async(fn, *args) for t in targets]
+        results: list[Any] = []
+        failures: list[RankFailure] = []
+        for info, ar in zip(targets, pending, strict=True):
             try:
                 results.append(ar.get(timeout=timeout))
             except Exception as exc:
-                failures.append(
-                    RankFailure(
-                        info.rank,
-                        getattr(exc, "ename", type(exc).__name__),
-                        str(getattr(exc, "evalue", exc)),
-                        str(getattr(exc, "traceback", "")),
-                    )
-                )
+                failures.append(failing.to_failure(info.rank, exc))
         if failures:
-            name = getattr(fn, "__name__", "function")
-            raise RankError(f"{name} failed on {format_ranks(f.rank for f in failures)}", failures)
+            raise failing.call_error(getattr(fn, "__name__", "function"), failures)
         return results
 
     def shapes(self, names: list[str] | None = None, all: bool = False) -> ShapeTableView:
@@ -284,7 +308,7 @@ class Session:
         from distnb.rank import runtime
         from distnb.views.timeline import TimelineView
 
-        since = None if cells is None else max(1, self._cells - cells + 1)
+        since = None if cells is None else max(1, self._runs - cells + 1)
         events = [e for per_rank in self.call(runtime.events, since) for e in per_rank]
         return TimelineView(events, self._clock_offsets())
 
@@ -295,29 +319,6 @@ class Session:
         if len({r.host for r in self.ranks}) <= 1:
             return None
         return estimate_offsets(self.call, [r.rank for r in self.ranks])
-
-    def _explain_desync(self, err: CollectiveDesyncError, run_id: int) -> None:
-        """Now that every rank is idle, their recorded calls can say which one was skipped."""
-        from distnb.rank import runtime
-
-        events = [e for per_rank in self.call(runtime.events, run_id) for e in per_rank]
-        waiting = self.referee.waiters.pop(run_id, [])
-        skipped = skipped_call([e for e in events if e.cell == run_id], waiting)
-        if skipped:
-            err.message += f"\n{skipped}"
-            err.args = (err.message,)
-
-    def _explain_mismatch(self, err: CollectiveMismatchError) -> None:
-        """Fetch the record from a rank that raised it; in Jupyter, show it as a table."""
-        from distnb.rank import runtime
-        from distnb.views.display import in_kernel
-        from distnb.views.mismatch import MismatchView
-
-        (err.mismatch,) = self.call(runtime.last_mismatch, ranks=[err.failures[0].rank])
-        if err.mismatch is not None and in_kernel():
-            from IPython.display import display
-
-            display(MismatchView(err.mismatch))  # type: ignore[no-untyped-call]
 
     def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
         if ranks is None:
@@ -331,13 +332,21 @@ class Session:
             )
         return [self.ranks[r] for r in sorted(set(ranks))]
 
-    def _next_cell(self) -> int:
+    def _require_running(self) -> None:
+        if not self.running:
+            raise SessionError(
+                "no cluster is running: start one with %dist_start (or distnb.start())"
+            )
+        if self._broken:
+            raise SessionError(self._broken)
+
+    def _cell_number(self) -> int:
+        """The notebook's number for the running cell (the run id outside IPython)."""
         from IPython import get_ipython
 
         shell = get_ipython()
-        self._cells += 1
         if shell is None:
-            return self._cells
+            return self._runs
         # While a cell runs, IPython has already counted on to the next number; the running
         # cell's own number is on its result.
         running = getattr(shell.displayhook, "exec_result", None)

@@ -2,24 +2,26 @@
 
 The kernel's main thread waits here in short slices, woken by ipyparallel's result callbacks, so
 it can show output live, notice a dead rank at once, honour the cell's deadline and turn Ctrl-C
-into an interrupt of the ranks. Everything a rank sends back is translated once, here, into
-distnb's own records and exceptions.
+into an interrupt of the ranks. What ranks send back is translated by `distnb.session.failures`.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from distnb import errors
 from distnb.ranklist import format_ranks
+from distnb.records.beacon import Beacon
 from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
+from distnb.session.failures import error_of, exit_text, is_engine_death, stuck_message, to_failure
 from distnb.views.output import CellOutput, RankOutput
 
 # How long ranks get to stop after an interrupt before distnb says they are stuck.
@@ -34,11 +36,33 @@ OUTPUT_WAIT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
-class CellResult:
-    """What a cell did on each rank: its output, in rank order."""
+class CellRequest:
+    """One cell to run: its notebook number, the session's run id, where and how."""
 
     cell: int
+    run_id: int
+    code: str
+    targets: tuple[RankInfo, ...]
+    check: bool = True
+    timeout: float | None = None
+
+    @property
+    def where(self) -> str:
+        return f"cell In[{self.cell}]"
+
+
+@dataclass(frozen=True, slots=True)
+class CellResult:
+    """What a cell did on each rank: its output in rank order, and the ranks' failures.
+
+    `views` holds what the caller asked to see after the cell (shape table, timeline).
+    """
+
+    cell: int
+    run_id: int
     outputs: tuple[RankOutput, ...]
+    failures: tuple[RankFailure, ...] = ()
+    views: tuple[Any, ...] = ()
 
     def stdout(self, rank: int) -> str:
         return next(o.stdout for o in self.outputs if o.rank == rank)
@@ -59,7 +83,7 @@ class Referee:
     per run id, the beacons of the ranks it released.
     """
 
-    waiters: dict[int, list[dict[str, Any]]]
+    waiters: dict[int, list[Beacon]]
 
     def __init__(self) -> None:
         self.waiters = {}
@@ -69,41 +93,46 @@ class Referee:
 
 
 class CellRun:
-    """One cell on a set of ranks; `wait()` returns its result or raises its error."""
+    """One cell on a set of ranks: `start()` sends it, `wait()` returns its result.
+
+    `wait()` raises only what ends a cell early: `RankTimeoutError`, `RankDiedError`, or
+    KeyboardInterrupt (after interrupting the ranks); ranks' own exceptions come back on the
+    result as failures, for the session to turn into one error.
+    """
 
     def __init__(
         self,
         cluster: Cluster,
         control: ControlPlane,
-        targets: Sequence[RankInfo],
-        cell: int,
-        run_id: int,
-        check: bool,
-        code: str,
-        timeout: float | None,
+        request: CellRequest,
         referee: Referee,
         on_death: Callable[[RankInfo, str], None],
     ) -> None:
         self.cluster = cluster
         self.control = control
-        self.targets = list(targets)
-        self.cell = cell
-        self.run_id = run_id
-        self.timeout = timeout
+        self.request = request
+        self.targets = list(request.targets)
         self.referee = referee
         self.on_death = on_death
         self._wake = threading.Event()
-        control.begin_cell(cell, run_id, check)
         self.results: dict[int, Any] = {}
+        self.output: CellOutput | None = None
+
+    def start(self) -> CellRun:
+        req = self.request
+        self.control.begin_run(req.cell, req.run_id, req.check)
         for info in self.targets:
-            ar = cluster.view(info.engine_id).execute(code, silent=False, block=False)
+            ar = self.cluster.view(info.engine_id).execute(req.code, silent=False, block=False)
             ar.add_done_callback(lambda _f: self._wake.set())
             self.results[info.rank] = ar
         self.output = CellOutput([t.rank for t in self.targets])
+        return self
 
     def wait(self) -> CellResult:
+        assert self.output is not None, "start() the run first"
+        timeout = self.request.timeout
         start = time.monotonic()
-        deadline = start + self.timeout if self.timeout is not None else None
+        deadline = start + timeout if timeout is not None else None
         try:
             while not self._all_done():
                 self._wake.wait(0.05)
@@ -115,22 +144,22 @@ class CellRun:
                     self._settle_after_death()
                     break
                 if time.monotonic() - start >= REFEREE_AFTER_S:
-                    self.referee.tick(self.run_id, states, failures)
+                    self.referee.tick(self.request.run_id, states, failures)
                 if deadline is not None and time.monotonic() >= deadline:
                     self._raise_timeout(time.monotonic() - start)
         except KeyboardInterrupt:
             stuck = self._interrupt(self._running())
             self.output.finish(self._outputs())
             if stuck:
-                print(_stuck_message(stuck), file=__import__("sys").stderr)
+                print(stuck_message(t.rank for t in stuck), file=sys.stderr)
             raise
         for ar in self.results.values():
             # iopub output may trail the reply: wait for the engine's idle status
             ar.wait_for_output(timeout=OUTPUT_WAIT_S)
         outputs = self._outputs()
         self.output.finish(outputs)
-        self._raise_failures()
-        return CellResult(self.cell, tuple(outputs))
+        ended = self._failures()
+        return CellResult(self.request.cell, self.request.run_id, tuple(outputs), ended)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -147,14 +176,14 @@ class CellRun:
             if not ar.done():
                 states[rank] = RankState.RUNNING
                 continue
-            error = _error_of(ar)
+            error = error_of(ar)
             if error is None:
                 states[rank] = RankState.FINISHED
-            elif getattr(error, "ename", "") == "EngineError":
+            elif is_engine_death(error):
                 states[rank] = RankState.DIED
             else:
                 states[rank] = RankState.FAILED
-                failures[rank] = f"{error.ename}: {error.evalue}"
+                failures[rank] = to_failure(rank, error).summary
         return states, failures
 
     def _outputs(self) -> list[RankOutput]:
@@ -169,30 +198,30 @@ class CellRun:
 
     # --- endings ---------------------------------------------------------------------------
 
-    def _raise_failures(self) -> None:
+    def _failures(self) -> tuple[RankFailure, ...]:
+        """Each failing rank's error; a rank that died raises `RankDiedError` here."""
         failures = []
         died = []
         for info in self.targets:
-            error = _error_of(self.results[info.rank])
+            error = error_of(self.results[info.rank])
             if error is None:
                 continue
-            if getattr(error, "ename", "") == "EngineError":
+            if is_engine_death(error):
                 died.append(info)
             else:
-                failures.append(_failure(info.rank, error))
+                failures.append(to_failure(info.rank, error))
         if died:
             self._raise_died(died, failures)
-        if failures:
-            raise _rank_error(self.cell, failures)
+        return tuple(failures)
 
     def _raise_died(self, died: list[RankInfo], failures: list[RankFailure]) -> None:
         lines = []
         for info in died:
-            how = _exit_text(self.cluster.exit_status(info.pid))
+            how = exit_text(self.cluster.exit_status(info.pid))
             log = self.cluster.log_tail(info.pid, lines=3)
             self.on_death(info, how)
             lines.append(
-                f"rank {info.rank} (pid {info.pid} on {info.host}) {how} in cell In[{self.cell}]"
+                f"rank {info.rank} (pid {info.pid} on {info.host}) {how} in {self.request.where}"
             )
             if log:
                 lines.append("  its last log lines:\n    " + log.replace("\n", "\n    "))
@@ -215,10 +244,9 @@ class CellRun:
         running = self._running()
         stacks = self.control.stacks([t.rank for t in running])
         waits = {
-            int(b["rank"]): f"waiting at {b['op']} #{b['seq']} on {b['group']} ({b['site']}) "
-            f"for {format_ranks(b.get('waiting_for', ()))}"
+            b.rank: f"waiting at {b.where()} for {format_ranks(b.waiting_for)}"
             for b in self.control.beacons([t.rank for t in running])
-            if b.get("state") == "waiting" and b.get("cell") == self.run_id
+            if b.waiting and b.run_id == self.request.run_id
         }
         reports = []
         for info in self.targets:
@@ -231,20 +259,20 @@ class CellRun:
                 )
                 detail = waits.get(info.rank, "still running")
                 reports.append(RankReport(info.rank, RankState.RUNNING, detail, stack))
-            elif (error := _error_of(ar)) is not None:
-                reports.append(
-                    RankReport(info.rank, RankState.FAILED, f"{error.ename}: {error.evalue}")
-                )
+            elif (error := error_of(ar)) is not None:
+                summary = to_failure(info.rank, error).summary
+                reports.append(RankReport(info.rank, RankState.FAILED, summary))
             else:
                 reports.append(RankReport(info.rank, RankState.FINISHED))
         stuck = self._interrupt(running)
+        assert self.output is not None
         self.output.finish(self._outputs())
         message = (
-            f"cell In[{self.cell}] still running on {format_ranks(t.rank for t in running)} "
-            f"after {elapsed:.1f} s (timeout {self.timeout:g} s). "
+            f"{self.request.where} still running on {format_ranks(t.rank for t in running)} "
+            f"after {elapsed:.1f} s (timeout {self.request.timeout:g} s). "
         )
         if stuck:
-            message += _stuck_message(stuck)
+            message += stuck_message(t.rank for t in stuck)
         else:
             message += "The running ranks were interrupted; the cluster is ready."
         raise errors.RankTimeoutError(message, reports)
@@ -287,68 +315,3 @@ def assigned_names(code: str) -> list[str]:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names[node.name] = None
     return list(names)
-
-
-def _error_of(ar: Any) -> Any:
-    """The RemoteError of a finished single-engine AsyncResult, or None if it succeeded."""
-    try:
-        ar.get(timeout=0)
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _failure(rank: int, error: Any) -> RankFailure:
-    tb = error.traceback if isinstance(getattr(error, "traceback", None), str) else ""
-    return RankFailure(
-        rank,
-        getattr(error, "ename", type(error).__name__),
-        str(getattr(error, "evalue", error)),
-        tb,
-    )
-
-
-_RANK_ERRORS: dict[str, type[errors.RankError]] = {
-    "CollectiveMismatchError": errors.CollectiveMismatchError,
-    "CollectiveDesyncError": errors.CollectiveDesyncError,
-}
-
-
-def _rank_error(cell: int, failures: list[RankFailure]) -> errors.RankError:
-    """One exception for the cell. The checked runtime's errors are raised as themselves when
-    every failing rank raised one; when a rank raised an error of its own, that is the cause
-    (the others' `CollectiveDesyncError`s only follow from it), so it comes first."""
-    own = [f for f in failures if f.ename not in _RANK_ERRORS]
-    if not own:
-        first = min(failures, key=lambda f: (f.ename != "CollectiveMismatchError", f.rank))
-        return _RANK_ERRORS[first.ename](first.evalue, failures)
-    groups = errors.group_failures(own) + errors.group_failures(
-        [f for f in failures if f.ename in _RANK_ERRORS]
-    )
-    summary = "; ".join(
-        f"{format_ranks(r)}: {f.summary}" for r, f in groups[: errors.TRACEBACK_LIMIT]
-    )
-    more = len(groups) - errors.TRACEBACK_LIMIT
-    if more > 0:
-        summary += f"; ... {more} more"
-    return errors.RankError(f"cell In[{cell}] failed on {summary}", failures)
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "died (exit status unknown)"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
-
-
-def _stuck_message(stuck: list[RankInfo]) -> str:
-    return (
-        f"{format_ranks(t.rank for t in stuck)} did not stop after an interrupt (blocked in "
-        "native code, e.g. a collective whose peer is gone): run %dist_restart "
-        "(or session.restart()) to get a working cluster."
-    )

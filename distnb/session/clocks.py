@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distnb.views.timeline_model import ClockOffsets
+from distnb.views.timeline.model import ClockOffsets
 
 SAMPLES = 8
 

@@ -8,13 +8,13 @@ ranks waiting at a collective that a peer will never reach.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from datetime import timedelta
 from typing import Any
 
 from distnb import keys
+from distnb.records.beacon import Beacon
 
 
 class ControlPlane:
@@ -31,10 +31,15 @@ class ControlPlane:
         self.port: int = self._server.port
         self.store: Any = dist.PrefixStore(self.session_id, self._server)
         self._stack_requests: dict[int, int] = {}
-        self.begin_cell(0, 0, True)  # ranks read it before every cell: it must always be there
+        self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
 
-    def begin_cell(self, cell: int, run_id: int, check: bool) -> None:
-        self.store.set(keys.CELL, keys.encode_cell(cell, run_id, check))
+    def begin_run(self, cell: int, run_id: int, check: bool) -> None:
+        """Tell the ranks what their next cell is: its number, run id and whether it is checked."""
+        self.store.set(keys.RUN, keys.encode_run(cell, run_id, check))
+
+    def abort(self, run_id: int, reason: str) -> None:
+        """Release every rank waiting at a checked collective in run `run_id`, with `reason`."""
+        self.store.set(keys.abort(run_id), reason)
 
     def stacks(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
         """Each rank's live main-thread stack, from its watchdog thread.
@@ -59,11 +64,11 @@ class ControlPlane:
                 time.sleep(0.005)
         return found
 
-    def beacons(self, ranks: list[int]) -> list[dict[str, Any]]:
+    def beacons(self, ranks: list[int]) -> list[Beacon]:
         """What the listed ranks last said about a long wait at a checked collective."""
-        names = [f"{keys.CHECK}/beacon/{r}" for r in ranks]
+        names = [keys.beacon(r) for r in ranks]
         present = [n for n in names if self.store.check([n])]
-        return [json.loads(v) for v in self.store.multi_get(present)] if present else []
+        return [Beacon.from_json(v) for v in self.store.multi_get(present)] if present else []
 
     def close(self) -> None:
         # The TCPStore server stops when its last reference goes.

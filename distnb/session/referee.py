@@ -1,22 +1,20 @@
 """The kernel's referee: releases ranks that wait at a collective a peer will never reach.
 
 A rank that waits longer than a few milliseconds at a checked collective writes its **beacon**
-(`check/beacon/<rank>`: the group, seq, op, call site and the ranks it waits for). While a cell
-runs, the kernel looks at the beacons whenever a rank has finished, failed or died and others
-still run. If a running rank waits for one that is done, the kernel writes the cell's abort key
-(`check/abort/<run id>`) with the reason, and every waiter raises `CollectiveDesyncError` at
-once instead of hanging until the process group's timeout.
+(`distnb.keys.beacon(rank)`: the group, seq, op, call site and the ranks it waits for). While a
+cell runs, the kernel looks at the beacons whenever a rank has finished, failed or died and others
+still run. If a running rank waits for one that is done, the kernel writes the run's abort key
+(`ControlPlane.abort`) with the reason, and every waiter raises `CollectiveDesyncError` at once
+instead of hanging until the process group's timeout.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from distnb import keys
-from distnb.errors import format_ranks
+from distnb.ranklist import format_ranks
+from distnb.records.beacon import Beacon
 from distnb.records.cell import RankState
 from distnb.records.collective import CollectiveEvent
 from distnb.session.cells import Referee
@@ -29,20 +27,21 @@ DONE_WORDS = {
 }
 
 
-def desync_reason(done: Mapping[int, str], waiters: Sequence[Mapping[str, Any]]) -> str:
+def desync_reason(done: Mapping[int, str], waiters: Sequence[Beacon]) -> str:
     """The sentence every waiter raises with: who is done, and what the others wait at."""
     first = waiters[0]
-    where = f" at {first['site']}" if first.get("site") else ""
+    where = f" at {first.site}" if first.site is not None else ""
     absent = ", ".join(f"{format_ranks([r])} {what}" for r, what in sorted(done.items()))
-    waiting = format_ranks(int(w["rank"]) for w in waiters)
+    waiting = format_ranks(w.rank for w in waiters)
+    origin = f" ({first.origin})" if first.origin else ""
     return (
-        f"{absent} without calling {first['op']} #{first['seq']} on {first['group']}, "
+        f"{absent} without calling {first.op} #{first.seq} on {first.group}{origin}, "
         f"which {waiting} {'waits' if len(waiters) == 1 else 'wait'}{where}"
     )
 
 
 class DesyncReferee(Referee):
-    """Watches the beacons of a running cell; `store` is the session's control-plane store."""
+    """Watches the beacons of a running cell through the session's control plane."""
 
     def __init__(self, control: ControlPlane):
         super().__init__()
@@ -57,26 +56,23 @@ class DesyncReferee(Referee):
         waiters = [b for b in self.control.beacons(running) if _waits_in(b, run_id, done)]
         if not waiters:
             return  # still computing: the cell's timeout covers them
-        blamed = {r for b in waiters for r in b.get("waiting_for", ()) if r in done}
+        blamed = {r for b in waiters for r in b.waiting_for if r in done}
         words = {r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error")) for r in blamed}
-        reason = desync_reason(words, waiters)
-        self.control.store.set(f"{keys.CHECK}/abort/{run_id}", json.dumps({"reason": reason}))
+        self.control.abort(run_id, desync_reason(words, waiters))
         self._released.add(run_id)
         self.waiters[run_id] = waiters
 
 
-def skipped_call(
-    events: Sequence[CollectiveEvent], waiting: Sequence[Mapping[str, Any]] = ()
-) -> str:
+def skipped_call(events: Sequence[CollectiveEvent], waiting: Sequence[Beacon] = ()) -> str:
     """Where ranks' collectives stopped lining up: the first (group, seq) whose call sites
     differ. A rank whose call there comes from the line another rank reaches next skipped the
     call before it; otherwise the sites are only listed. Read after a desync, from every rank's
-    recorded events of the cell and the beacons of the ranks that were left waiting."""
+    recorded events of the run and the beacons of the ranks that were left waiting."""
     at: dict[tuple[str, int], dict[int, tuple[str, str]]] = defaultdict(dict)
     for e in events:
         at[(e.group, e.seq)][e.rank] = (e.op, str(e.site))
     for w in waiting:
-        at[(str(w["group"]), int(w["seq"]))][int(w["rank"])] = (str(w["op"]), str(w["site"]))
+        at[(w.group, w.seq)][w.rank] = (w.op, str(w.site))
     for group, seq in sorted(at, key=lambda k: k[1]):
         calls = at[(group, seq)]
         if len({site for _, site in calls.values()}) < 2:
@@ -94,9 +90,5 @@ def skipped_call(
     return ""
 
 
-def _waits_in(beacon: Mapping[str, Any], run_id: int, done: Mapping[int, RankState]) -> bool:
-    return (
-        beacon.get("state") == "waiting"
-        and beacon.get("cell") == run_id
-        and any(r in done for r in beacon.get("waiting_for", ()))
-    )
+def _waits_in(beacon: Beacon, run_id: int, done: Mapping[int, RankState]) -> bool:
+    return beacon.waiting and beacon.run_id == run_id and any(r in done for r in beacon.waiting_for)

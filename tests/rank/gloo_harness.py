@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 PG_PREFIX = "pg"
-CHECK_PREFIX = "distnb"
+SESSION_PREFIX = "distnb"
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Ranks:
             wait_for_workers=False,
         )
         self.session_id = session_id or f"test{os.getpid()}"
-        self.store = dist.PrefixStore(CHECK_PREFIX, self.server)
+        self.store = dist.PrefixStore(SESSION_PREFIX, self.server)
         ctx = mp.get_context("spawn")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
@@ -119,7 +119,7 @@ class Ranks:
                 proc.join(5)
         self.conns.clear()
         self.procs.clear()
-        from distnb.rank import exchange
+        from distnb.rank.checked import exchange
 
         exchange.cleanup(self.session_id)  # boards of ranks that were killed, if any
 
@@ -152,7 +152,7 @@ def _worker(
             timeout=datetime.timedelta(seconds=60),
         )
         checked.install(
-            dist.PrefixStore(CHECK_PREFIX, client),
+            dist.PrefixStore(SESSION_PREFIX, client),
             rank=rank,
             world_size=world,
             session_id=session_id,

@@ -6,7 +6,6 @@ name; this test process hosts the control plane and plays the kernel (abort key,
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -21,7 +20,9 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(__file__))
 from gloo_harness import Outcome, Ranks
 
+from distnb import keys
 from distnb.rank import checked
+from distnb.records.beacon import Beacon, BeaconState
 
 pytestmark = pytest.mark.cluster
 
@@ -261,11 +262,11 @@ def test_ddp_step_with_checked_hook(ranks: Ranks) -> None:
 
 
 def s_events(rank: int, cell: int) -> list[dict[str, Any]]:
-    checked.begin_cell(cell)
+    checked.begin_run(cell)
     x = torch.ones(2)
     dist.all_reduce(x)
     dist.broadcast(x, src=0)
-    return [e.to_dict() for e in checked.events(since_cell=cell)]
+    return [e.to_dict() for e in checked.events(since_run=cell)]
 
 
 def test_events_record_each_collective(ranks: Ranks) -> None:
@@ -273,7 +274,7 @@ def test_events_record_each_collective(ranks: Ranks) -> None:
     assert [e["op"] for e in e0] == ["all_reduce", "broadcast"]
     assert [e["seq"] for e in e0] == [e["seq"] for e in e1]
     for e in e0:
-        assert e["cell"] == 501 and e["group"] == "WORLD" and e["group_size"] == 2
+        assert e["run_id"] == 501 and e["group"] == "WORLD" and e["group_size"] == 2
         assert e["arrive_ns"] <= e["start_ns"] <= e["end_ns"]
         assert e["site"]["file"] == __file__ and e["site"]["code"].startswith("dist.")
 
@@ -432,7 +433,7 @@ def test_waits_that_can_never_end_raise(ranks: Ranks, case: str, kind: str) -> N
 
 
 def s_wait_alone(rank: int, cell: int) -> dict[str, Any]:
-    checked.begin_cell(cell)
+    checked.begin_run(cell)
     if rank == 0:
         try:
             dist.all_reduce(torch.zeros(4))
@@ -446,18 +447,18 @@ def test_abort_key_releases_a_waiting_rank(ranks: Ranks) -> None:
     (o1,) = ranks.run(s_wait_alone, [1], cell=901)
     assert o1.error == ""
     time.sleep(0.2)
-    beacon = json.loads(ranks.store.get("beacon/0"))
-    assert beacon["state"] == "waiting" and beacon["op"] == "all_reduce"
-    assert beacon["waiting_for"] == [1] and beacon["cell"] == 901
+    beacon = Beacon.from_json(ranks.store.get(keys.beacon(0)))
+    assert beacon.state is BeaconState.WAITING and beacon.op == "all_reduce"
+    assert beacon.waiting_for == (1,) and beacon.run_id == 901
     reason = "rank 1 finished the cell without calling all_reduce #7"
-    ranks.store.set("abort/901", json.dumps({"reason": reason}))
+    ranks.store.set(keys.abort(901), reason)
     (o0,) = ranks.collect([0], timeout=10)
     assert o0.error == "CollectiveDesyncError"
     assert reason in o0.message
     assert o0.seconds < 5
     # the waiter took its fingerprint back: both ranks are in step again
     assert values(ranks.run(s_all_reduce)) == [[3.0] * 8, [3.0] * 8]
-    assert json.loads(ranks.store.get("beacon/0"))["state"] == "running"
+    assert Beacon.from_json(ranks.store.get(keys.beacon(0))).state is BeaconState.RUNNING
 
 
 def test_ctrl_c_interrupts_a_waiting_rank(ranks: Ranks) -> None:
@@ -479,7 +480,7 @@ def s_uninstall_restores(rank: int) -> dict[str, bool]:
     from torch.distributed import distributed_c10d as c10d
 
     wrapped = dist.all_reduce
-    store = checked._checker.store  # type: ignore[union-attr]
+    store = checked._checker.store
     checked.uninstall()
     restored = dist.all_reduce is not wrapped and c10d.all_reduce is dist.all_reduce
     x = torch.ones(1)
@@ -496,7 +497,7 @@ def test_uninstall_restores_torch(ranks: Ranks) -> None:
 
 def s_store_path(rank: int) -> dict[str, Any]:
     """Ranks on different hosts (as `hosts` says) exchange fingerprints through the store."""
-    from distnb.rank import exchange
+    from distnb.rank.checked import exchange
 
     checker = checked._checker
     assert checker is not None
@@ -506,7 +507,7 @@ def s_store_path(rank: int) -> dict[str, Any]:
     try:
         x = torch.full((3,), float(rank + 1))
         dist.all_reduce(x)
-        board = checked._checker.groups[None].board  # type: ignore[union-attr]
+        board = checked._checker.groups[None].board
         got = torch.zeros(2)
         if rank == 0:
             dist.send(torch.ones(2), dst=1)
@@ -516,7 +517,7 @@ def s_store_path(rank: int) -> dict[str, Any]:
         try:
             dist.broadcast(torch.zeros(2 + rank), src=0)
         except Exception as exc:
-            error = exc.mismatch.kind.value  # type: ignore[attr-defined]
+            error = exc.mismatch.kind.value
         y = torch.ones(1)
         dist.all_reduce(y)
         return {

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch.distributed as dist
 
-from distnb.rank import exchange, futex
-from distnb.rank.exchange import LAPPED, ShmBoard, StoreBoard, collect
+from distnb.rank.checked import exchange, futex
+from distnb.rank.checked.exchange import LAPPED, ShmBoard, StoreBoard, collect
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def test_tensors_in_a_namespace_and_inside_containers() -> None:
         False,
         False,
     )
-    assert got['batch["x"]'].dtype == "int64"  # type: ignore[union-attr]
+    assert got['batch["x"]'].dtype == "int64"
 
 
 def test_include_all_and_explicit_names() -> None:
@@ -65,7 +65,7 @@ def test_nan_inf_and_gradients() -> None:
     gw = got["w"]
     assert isinstance(gw, TensorMeta)
     assert (gw.has_nonfinite, gw.has_grad, gw.grad_nonfinite) == (False, True, True)
-    assert got["y"].requires_grad and not got["y"].has_grad  # type: ignore[union-attr]
+    assert got["y"].requires_grad and not got["y"].has_grad
     assert got["nan"].has_nonfinite is True
     assert got["h"].has_nonfinite is False
 
@@ -172,7 +172,7 @@ def test_retained_grad_of_a_non_leaf_is_read() -> None:
     w = torch.ones(2, requires_grad=True)
     y = w * 2
     y.retain_grad()
-    y.sum().backward()  # type: ignore[no-untyped-call]
+    y.sum().backward()
     got = by_name(scan_namespace({"y": y}, rank=0))["y"]
     assert isinstance(got, TensorMeta) and got.has_grad and got.grad_nonfinite is False
 

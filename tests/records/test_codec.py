@@ -88,7 +88,7 @@ SAMPLES = [
     EngineProbe(7, "node2", 99, 2, mpi_rank=None),
     EngineProbe(7, "node2", 99, 2, mpi_rank=3),
     SITE,
-    CollectiveEvent(0, "WORLD", 3, "all_reduce", 64, SITE, 10, 20, 30, cell=4, group_size=2),
+    CollectiveEvent(0, "WORLD", 3, "all_reduce", 64, SITE, 10, 20, 30, run_id=4, group_size=2),
     SPEC,
     FP,
     Mismatch(MatchKind.SPLIT_SIZES, "all_to_all_single", "g1", 7, (FP, FP), "msg", ranks=(1,)),

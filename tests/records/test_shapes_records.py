@@ -11,7 +11,7 @@ from distnb.records.shapes import ModuleMeta, ShapeScan, TensorMeta, entry_from_
 
 def tensor(name: str = "x", **kw: object) -> TensorMeta:
     base: dict[str, object] = {"shape": (2, 3), "dtype": "float32", "device": "cpu"}
-    return TensorMeta(name=name, **{**base, **kw})  # type: ignore[arg-type]
+    return TensorMeta(name=name, **{**base, **kw})
 
 
 def module() -> ModuleMeta:

@@ -7,12 +7,18 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from distnb.errors import RankError, RankTimeoutError
 from tests.conftest import plain
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from distnb.session import Session
+
 
 pytestmark = pytest.mark.cluster
 
@@ -32,7 +38,7 @@ class Runner:
 
 
 @pytest.fixture(params=["python", "magic"])
-def run(request: pytest.FixtureRequest, session: object, shell: object) -> Runner:
+def run(request: pytest.FixtureRequest, session: Session, shell: InteractiveShell) -> Runner:
     """Every test taking `run` runs both ways: the Python API and the magic."""
     return Runner(request.param, session, shell)
 
@@ -112,13 +118,13 @@ def test_timeout_gives_a_hang_report_and_the_cluster_stays_usable(
     assert "[rank 1] after 1" in capsys.readouterr().out
 
 
-def test_last_expression_is_kept_per_rank(session: object) -> None:
-    result = session.run("rank * 10")  # type: ignore[attr-defined]
+def test_last_expression_is_kept_per_rank(session: Session) -> None:
+    result = session.run("rank * 10")
     assert result.result(0) == "0" and result.result(1) == "10"
 
 
 def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
-    session: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    session: Session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     marker = tmp_path / "sleeping"
     code = (
@@ -137,9 +143,9 @@ def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
     thread.start()
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        session.run(code)  # type: ignore[attr-defined]
+        session.run(code)
     thread.join()
     assert time.monotonic() - started < 20
     capsys.readouterr()
-    session.run("print('still here', rank)")  # type: ignore[attr-defined]
+    session.run("print('still here', rank)")
     assert "[rank 0] still here 0" in capsys.readouterr().out

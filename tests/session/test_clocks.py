@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from distnb.session.clocks import estimate_offsets, offset_from
+
+if TYPE_CHECKING:
+    from distnb.session import Session
 
 
 def test_offset_is_the_midpoint_and_precision_half_the_round_trip() -> None:
@@ -13,10 +18,10 @@ def test_offset_is_the_midpoint_and_precision_half_the_round_trip() -> None:
 
 
 @pytest.mark.cluster
-def test_ranks_on_this_host_share_the_kernels_clock(session: object) -> None:
-    ranks = [r.rank for r in session.ranks]  # type: ignore[attr-defined]
-    clocks = estimate_offsets(session.call, ranks)  # type: ignore[attr-defined]
+def test_ranks_on_this_host_share_the_kernels_clock(session: Session) -> None:
+    ranks = [r.rank for r in session.ranks]
+    clocks = estimate_offsets(session.call, ranks)
     assert set(clocks.offsets_ns) == set(ranks)
     for offset in clocks.offsets_ns.values():
         assert abs(offset) <= clocks.precision_ns  # one monotonic clock: 0 within precision
-    assert session._clock_offsets() is None  # type: ignore[attr-defined]  # one host: none needed
+    assert session._clock_offsets() is None  # one host: none needed

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import CallSite, CollectiveEvent
 from distnb.session.referee import desync_reason, skipped_call
 
 
 def event(rank: int, seq: int, line: int, cell: int = 5) -> CollectiveEvent:
     site = CallSite("/tmp/x.py", line, cell, "dist.all_reduce(x)")
-    return CollectiveEvent(rank, "WORLD", seq, "all_reduce", 8, site, 0, 0, 0, cell=1)
+    return CollectiveEvent(rank, "WORLD", seq, "all_reduce", 8, site, 0, 0, 0, run_id=1)
 
 
-def beacon(rank: int, seq: int, line: int) -> dict[str, object]:
-    site = f"cell In[5] line {line}"
-    return {"rank": rank, "group": "WORLD", "seq": seq, "op": "all_reduce", "site": site}
+def beacon(rank: int, seq: int, line: int) -> Beacon:
+    site = CallSite("/tmp/x.py", line, 5, "dist.all_reduce(x)")
+    return Beacon(rank, BeaconState.WAITING, 1, group="WORLD", seq=seq, op="all_reduce", site=site)
+
+
+def test_a_beacon_survives_json() -> None:
+    b = beacon(0, 3, 5)
+    assert Beacon.from_json(b.to_json()) == b
 
 
 def test_desync_reason_names_who_is_done_and_where_the_others_wait() -> None:

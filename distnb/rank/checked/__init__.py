@@ -8,31 +8,18 @@ group's next **seq**, and `distnb.matching` judges them. When they do not fit, e
 raises the same `CollectiveMismatchError` (the record is on `err.mismatch`) and nothing is sent,
 so gloo never aborts and the process group keeps working::
 
-    checked.install(PrefixStore("check", client), rank=r, world_size=n, session_id=sid)
+    checked.install(PrefixStore(session_id, client), rank=r, world_size=n, session_id=sid)
     dist.all_reduce(x)            # x: float32[8] on rank 0, float32[4] on rank 1
     # CollectiveMismatchError: shape mismatch in all_reduce #0 on WORLD: the tensors differ ...
     #   rank 0: all_reduce(float32[8], op=SUM)  at cell In[3] line 2: dist.all_reduce(x)
     #   rank 1: all_reduce(float32[4], op=SUM)  at cell In[3] line 2: dist.all_reduce(x)
 
 Fingerprints travel through shared memory when a group's ranks share a host (microseconds; a
-futex wakes the waiting rank), through the control-plane store otherwise (`distnb.rank.exchange`).
-A rank that waits longer than 5 ms writes its **beacon**, watches the kernel's abort key, and
-looks at its peers' beacons (`distnb.rank.watch`): ranks that wait for each other in different
-calls (another group's collective, two receives) all raise a "group"/"peer"/"op type" mismatch
-instead of hanging. Ctrl-C interrupts a wait.
-
-Keys in the store given to `install` (the session passes `PrefixStore("check", ...)`):
-
-- `abort/<cell>`: set by the kernel, JSON `{"reason": "..."}` (plain text works too), when a
-  rank finished or failed cell `<cell>` (the number given to `begin_cell`) while others wait:
-  they raise `CollectiveDesyncError` whose message starts with the reason.
-- `beacon/<rank>`: JSON written by the rank on long waits: `{"rank", "cell", "time", "state":
-  "waiting" | "running" | "deadlock", "wait", "kind": "collective" | "recv", "group", "seq",
-  "op", "peer", "tag", "site": "cell In[3] line 2", "code", "waiting_for": [ranks],
-  "fingerprint": {...}}` ("running" and "deadlock" beacons carry fewer fields).
-- `host/<rank>`: the rank's host identity (only when `install` gets no `hosts`).
-- `<generation>/fp/...`, `big/...`: fingerprint slots of groups that span hosts and of
-  oversized fingerprints; reused, so their number stays bounded.
+futex wakes the waiting rank), through the control-plane store otherwise (`exchange`). A rank
+that waits longer than 5 ms writes its **beacon**, watches the kernel's abort key, and looks at
+its peers' beacons (`monitor`): ranks that wait for each other in different calls (another
+group's collective, two receives) all raise a "group"/"peer"/"op type" mismatch instead of
+hanging. Ctrl-C interrupts a wait. The store keys it uses are in `distnb.keys`.
 
 Covered: all_reduce, reduce, broadcast, all_gather, all_gather_into_tensor, all_gather_single,
 gather, scatter, reduce_scatter, reduce_scatter_tensor, reduce_scatter_single, all_to_all,
@@ -44,7 +31,7 @@ batch_isend_irecv (names the installed torch lacks are skipped), sub-groups from
 
 Limits: every rank of a group must run checked (or `unchecked()`) calls alike; collectives of
 one rank must come from one thread; a `P2POp` must be built from `dist.isend`/`dist.irecv` looked
-up after `install` (torch checks op identity); see `distnb.rank.p2p` for point-to-point limits.
+up after `install` (torch checks op identity); see `p2p` for point-to-point limits.
 """
 
 from __future__ import annotations
@@ -59,12 +46,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket, Store
 from torch.distributed import distributed_c10d as c10d
 
-from distnb.rank import callsite, ops, p2p
-from distnb.rank.checker import Checker, dispatch, local
+from distnb.rank.checked import callsite, ops, p2p
+from distnb.rank.checked.checker import Checker, dispatch, local
 from distnb.records.collective import CollectiveEvent, Mismatch
 
 __all__ = [
-    "begin_cell",
+    "begin_run",
     "check_ddp",
     "checked_allreduce_hook",
     "clear",
@@ -174,20 +161,21 @@ def finite_checks(enabled: bool = True) -> Iterator[None]:
         checker.check_finite = before
 
 
-def begin_cell(cell: int, filename_to_cell: Callable[[str], int | None] | None = None) -> None:
-    """Start of a cell: events and beacons name `cell`, and waits watch `abort/<cell>`.
+def begin_run(run_id: int, filename_to_cell: Callable[[str], int | None] | None = None) -> None:
+    """Start of a run (a cell, a script): events and beacons name `run_id`, and waits watch
+    `keys.abort(run_id)`.
 
     `filename_to_cell` maps the file name IPython compiled a cell to (`<ipython-input-3-..>`,
     `/tmp/ipykernel_1/123.py`) to its cell number, so call sites read "cell In[3] line 2".
     """
     callsite.set_cell_resolver(filename_to_cell)
     if _checker is not None:
-        _checker.cell = cell
+        _checker.run_id = run_id
 
 
-def events(since_cell: int | None = None) -> list[CollectiveEvent]:
+def events(since_run: int | None = None) -> list[CollectiveEvent]:
     """This rank's recorded collectives, oldest first (the last `ring_size` of them)."""
-    return [] if _checker is None else _checker.recorder.events(since_cell)
+    return [] if _checker is None else _checker.recorder.events(since_run)
 
 
 def clear() -> None:

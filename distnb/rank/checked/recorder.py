@@ -14,7 +14,7 @@ from distnb.records.collective import CallSite, CollectiveEvent
 
 __all__ = ["END", "Recorder"]
 
-# entry layout: [rank, group, seq, op, nbytes, site, arrive_ns, start_ns, end_ns, cell, size]
+# entry layout: [rank, group, seq, op, nbytes, site, arrive_ns, start_ns, end_ns, run_id, size]
 # where site is callsite.Site: (file, line, cell or -1, code)
 END = 8
 
@@ -33,16 +33,16 @@ class Recorder:
         self.ring[self.count % self.size] = entry
         self.count += 1
 
-    def events(self, since_cell: int | None = None) -> list[CollectiveEvent]:
-        """Oldest first; with `since_cell`, only events of that cell and later ones."""
+    def events(self, since_run: int | None = None) -> list[CollectiveEvent]:
+        """Oldest first; with `since_run`, only events of that run and later ones."""
         start = max(0, self.count - self.size)
         out = []
         for i in range(start, self.count):
             entry = self.ring[i % self.size]
             if entry is None:
                 continue
-            cell = entry[9]
-            if since_cell is not None and (cell is None or cell < since_cell):
+            run_id = entry[9]
+            if since_run is not None and (run_id is None or run_id < since_run):
                 continue
             out.append(_event(entry))
         return out
@@ -64,6 +64,6 @@ def _event(e: list[Any]) -> CollectiveEvent:
         arrive_ns=e[6],
         start_ns=e[7],
         end_ns=e[END],
-        cell=e[9],
+        run_id=e[9],
         group_size=e[10],
     )

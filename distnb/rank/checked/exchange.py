@@ -38,7 +38,7 @@ unforeseeable times soon just sleeps. Measured here, against sleeping throughout
 8-element all_reduce 1.05-1.2x plain instead of 1.2-1.3x; tight loops of 4 MiB broadcasts
 1.08-1.12x instead of 1.16-1.23x. On a `StoreBoard` it polls with sleeps growing to
 `MAX_SLEEP_S`. Every `TICK_NS` it calls `tick`, which writes the beacon and looks for the
-kernel's abort key (`distnb.rank.watch`). No sleep is longer than a tick, so Ctrl-C
+kernel's abort key (`distnb.rank.checked.monitor`). No sleep is longer than a tick, so Ctrl-C
 (KeyboardInterrupt) and the abort key stop a wait within milliseconds.
 
 Measured here (2 cores): a post plus a peer's read is ~1 us; a two-process ping-pong through a
@@ -60,7 +60,7 @@ from typing import Protocol, cast
 
 from torch._C._distributed_c10d import Store
 
-from distnb.rank import futex
+from distnb.rank.checked import futex
 
 __all__ = [
     "LAPPED",

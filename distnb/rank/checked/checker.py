@@ -2,13 +2,13 @@
 
 `Checker.collective` is the hot path of every checked collective:
 
-1. describe the call (done by the wrapper, `distnb.rank.ops`), find the caller's line;
+1. describe the call (done by the wrapper, `distnb.rank.checked.ops`), find the caller's line;
 2. post the fingerprint for (group, seq) on the group's board and collect every member's;
 3. look the members' fingerprints up in a cache of verdicts; on a miss run `distnb.matching`;
 4. on a mismatch raise `CollectiveMismatchError` (every member raises the same one, since every
    member judged the same fingerprints), else dispatch the real call and record the event.
 
-Long waits are watched (`distnb.rank.watch`: beacon, abort key, deadlock check). When a wait
+Long waits are watched (`distnb.rank.checked.monitor`: beacon, abort key, deadlock check). When a wait
 ends without the collective (abort key, a deadlock, Ctrl-C while a peer is still missing) the
 rank takes its fingerprint back and does not count the seq, so that its next call lines up with
 its peers again.
@@ -19,10 +19,9 @@ from __future__ import annotations
 import marshal
 import os
 import socket
-import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,33 +29,22 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 from torch.distributed import distributed_c10d as c10d
 
-from distnb import matching
+from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
-from distnb.rank import callsite, exchange
-from distnb.rank.ops import Call, Core
-from distnb.rank.recorder import END, Recorder
-from distnb.rank.watch import Wait, Watch, mismatch_error, to_callsite
-from distnb.records.collective import Fingerprint, Mismatch, TensorSpec
+from distnb.rank.checked import callsite, exchange
+from distnb.rank.checked.monitor import Wait, WaitMonitor, mismatch_error
+from distnb.rank.checked.ops import Call, Core
+from distnb.rank.checked.recorder import END, Recorder
+from distnb.rank.checked.wire import core_bytes, decode, encode, fingerprint
+from distnb.records.beacon import Beacon, WaitKind
+from distnb.records.collective import Fingerprint, Mismatch
 
-__all__ = [
-    "Channel",
-    "Checker",
-    "Group",
-    "core_bytes",
-    "decode",
-    "dispatch",
-    "encode",
-    "end_when_done",
-    "fingerprint",
-    "host_identity",
-    "local",
-]
+__all__ = ["Channel", "Checker", "Group", "dispatch", "end_when_done", "host_identity", "local"]
 
 SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
 P2P_SLOT_SIZE = 2 * 1024
 _MAX_VERDICTS = 4096
 _NOT_CACHED = object()
-_LEN = struct.Struct("<I")
 # errors that end a wait without the call: the rank takes back what it posted
 WAIT_ENDED = (KeyboardInterrupt, CollectiveDesyncError, CollectiveMismatchError)
 
@@ -118,7 +106,7 @@ class Checker:
         self.check_finite = check_finite
         self.recorder = Recorder(ring_size)
         self.generation = generation
-        self.watch = Watch(store, rank, self._blocks)
+        self.monitor = WaitMonitor(store, rank, self._blocks)
         self.last_mismatch: Mismatch | None = None
         self.groups: dict[Any, Group | None] = {}
         self.by_label: dict[str, Group] = {}
@@ -132,15 +120,15 @@ class Checker:
         self._boards: list[exchange.Board] = []
         self._host_ids: dict[int, str] = {}
         if self.hosts is None:
-            store.set(f"host/{rank}", host_identity())
+            store.set(keys.host(rank), host_identity())
 
     @property
-    def cell(self) -> int | None:
-        return self.watch.cell
+    def run_id(self) -> int | None:
+        return self.monitor.run_id
 
-    @cell.setter
-    def cell(self, cell: int | None) -> None:
-        self.watch.cell = cell
+    @run_id.setter
+    def run_id(self, run_id: int | None) -> None:
+        self.monitor.run_id = run_id
 
     # --- collectives --------------------------------------------------------------------------
 
@@ -166,7 +154,7 @@ class Checker:
             arrive,
             start,
             0,
-            self.watch.cell,
+            self.monitor.run_id,
             len(g.members),
         ]
         result = dispatch(original, args, kwargs)
@@ -248,7 +236,7 @@ class Checker:
         """Wait for every peer's fingerprint; see `_exchange` for what the bool means."""
         assert g.board is not None
         wait = Wait(
-            "collective",
+            WaitKind.COLLECTIVE,
             g.label,
             seq,
             core[0],
@@ -277,11 +265,11 @@ class Checker:
         self, board: exchange.Board, rings: Sequence[int], stamp: int, wait: Wait
     ) -> list[bytes]:
         """`exchange.collect`, watched: beacon, abort key and deadlock check on long waits."""
-        self.watch.start(wait)
+        self.monitor.start(wait)
         try:
-            return exchange.collect(board, rings, stamp, self.watch.tick)
+            return exchange.collect(board, rings, stamp, self.monitor.tick)
         finally:
-            self.watch.end()
+            self.monitor.end()
 
     def _withdraw(self, g: Group, seq: int) -> None:
         """Take back the fingerprint for `seq`: this rank's next call is `seq` again."""
@@ -289,21 +277,21 @@ class Checker:
             g.board.retract(g.index, seq + 1)
         g.seq = seq
 
-    def _blocks(self, wait: Wait, peer: Mapping[str, Any]) -> bool:
+    def _blocks(self, wait: Wait, peer: Beacon) -> bool:
         """Does a peer's wait (from its beacon), which waits for this rank, need a call that
         this rank has not made, so that it cannot end while this rank waits in `wait`?"""
-        if peer.get("kind") == "recv":  # it waits for message `seq` from this rank
-            channel = (peer["group"], self.rank, peer["rank"], peer["tag"])
-            return self.sent.get(channel, 0) <= int(peer["seq"])
-        if peer.get("kind") != "collective":
+        if peer.kind is WaitKind.RECV:  # it waits for message `seq` from this rank
+            channel = (peer.group, self.rank, peer.rank, peer.tag)
+            return self.sent.get(channel, 0) <= peer.seq
+        if peer.kind is not WaitKind.COLLECTIVE:
             return False
-        g = self.by_label.get(str(peer.get("group")))
+        g = self.by_label.get(peer.group)
         if g is None:  # a group this rank has not used yet: it posted nothing there
-            members = (peer.get("fingerprint") or {}).get("group_ranks", ())
+            members = peer.fingerprint.group_ranks if peer.fingerprint is not None else ()
             return self.rank in members
-        if wait.kind == "collective" and (wait.label, wait.seq) == (g.label, peer["seq"]):
+        if wait.kind is WaitKind.COLLECTIVE and (wait.label, wait.seq) == (g.label, peer.seq):
             return False  # the same collective: both wait for someone else
-        return g.seq <= int(peer["seq"])  # this rank has not posted that seq yet
+        return g.seq <= peer.seq  # this rank has not posted that seq yet
 
     def _fingerprints(self, g: Group, seq: int, payloads: Sequence[bytes]) -> list[Fingerprint]:
         return [
@@ -323,7 +311,7 @@ class Checker:
 
     def channel(self, key: Channel) -> exchange.Board:
         """The board of a point-to-point channel: ring 0 carries the sender's fingerprints,
-        ring 1 the receiver's verdicts on mismatches (see `distnb.rank.p2p`)."""
+        ring 1 the receiver's verdicts on mismatches (see `distnb.rank.checked.p2p`)."""
         board = self.channels.get(key)
         if board is None:
             label, src, dst, tag = key
@@ -338,10 +326,10 @@ class Checker:
         prefix = f"{self.generation}/{name}"
         if self._same_host(members):
             path = exchange.shm_path(self.session_id, f"{self.generation}-{name}")
-            spill = exchange.StoreBoard(self.store, f"big/{prefix}", depth)
+            spill = exchange.StoreBoard(self.store, keys.spill(self.generation, name), depth)
             board: exchange.Board = exchange.ShmBoard(path, rings, depth, slot, spill)
         else:
-            board = exchange.StoreBoard(self.store, f"fp/{prefix}", depth)
+            board = exchange.StoreBoard(self.store, keys.board(self.generation, name), depth)
         self._boards.append(board)
         return board
 
@@ -350,20 +338,22 @@ class Checker:
             return len({self.hosts[r] for r in members}) == 1
         wanted = [r for r in members if r not in self._host_ids]
         if wanted:
-            keys = [f"host/{r}" for r in wanted]
-            self.watch.start(Wait("start", "(install)", 0, "install", callsite.lookup(), wanted))
+            names = [keys.host(r) for r in wanted]
+            self.monitor.start(
+                Wait(WaitKind.START, "(install)", 0, "install", callsite.lookup(), wanted)
+            )
             t0 = time.monotonic_ns()
             next_tick = exchange.TICK_NS
             try:
-                while not self.store.check(keys):
+                while not self.store.check(names):
                     time.sleep(0.001)
                     elapsed = time.monotonic_ns() - t0
                     if elapsed >= next_tick:
                         next_tick += exchange.TICK_NS
-                        self.watch.tick(elapsed, range(len(wanted)))
+                        self.monitor.tick(elapsed, range(len(wanted)))
             finally:
-                self.watch.end()
-            for r, value in zip(wanted, self.store.multi_get(keys), strict=True):
+                self.monitor.end()
+            for r, value in zip(wanted, self.store.multi_get(names), strict=True):
                 self._host_ids[r] = value.decode()
         return len({self._host_ids[r] for r in members}) == 1
 
@@ -374,50 +364,6 @@ class Checker:
         self.channels.clear()
         self.groups.clear()
         self.by_label.clear()
-
-
-# --- the wire form of a fingerprint -----------------------------------------------------------
-
-
-def encode(core: bytes, site: callsite.Site) -> bytes:
-    """Tag, core length, core (marshal version 0, canonical), call site."""
-    return b"F" + _LEN.pack(len(core)) + core + marshal.dumps(site, 0)
-
-
-def core_bytes(payload: bytes) -> bytes:
-    n: int = _LEN.unpack_from(payload, 1)[0]
-    return payload[5 : 5 + n]
-
-
-def decode(payload: bytes) -> tuple[Core, callsite.Site]:
-    n: int = _LEN.unpack_from(payload, 1)[0]
-    return marshal.loads(payload[5 : 5 + n]), marshal.loads(payload[5 + n :])
-
-
-def fingerprint(
-    payload: tuple[Core, callsite.Site], *, rank: int, group: str, seq: int, members: Any
-) -> Fingerprint:
-    """A record from the compact form that travels between ranks."""
-    core, site = payload
-    op, ins, outs, reduce_op, root, peer, in_splits, out_splits, count, finite, tag = core
-    return Fingerprint(
-        rank=rank,
-        group=group,
-        seq=seq,
-        op=op,
-        inputs=tuple(TensorSpec(tuple(s), d, dev) for s, d, dev in ins),
-        outputs=tuple(TensorSpec(tuple(s), d, dev) for s, d, dev in outs),
-        reduce_op=reduce_op,
-        root=root,
-        peer=peer,
-        in_splits=in_splits,
-        out_splits=out_splits,
-        count=count,
-        finite=finite,
-        tag=tag,
-        group_ranks=tuple(members),
-        site=to_callsite(site),
-    )
 
 
 # --- dispatch ---------------------------------------------------------------------------------

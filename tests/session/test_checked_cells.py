@@ -8,6 +8,7 @@ gloo ranks in tests/rank/test_checked.py.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,6 +21,12 @@ from distnb.errors import (
 )
 from distnb.records.collective import MatchKind
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from distnb.session import Session
+
+
 pytestmark = pytest.mark.cluster
 
 ACCELERATE_EXAMPLE = (
@@ -28,8 +35,8 @@ ACCELERATE_EXAMPLE = (
 )
 
 
-def still_works(session: object) -> None:
-    result = session.run("y = torch.ones(2)\ndist.all_reduce(y)\ny.sum().item()")  # type: ignore[attr-defined]
+def still_works(session: Session) -> None:
+    result = session.run("y = torch.ones(2)\ndist.all_reduce(y)\ny.sum().item()")
     assert result.result(0) == "4.0" and result.result(1) == "4.0"
 
 
@@ -80,17 +87,17 @@ def still_works(session: object) -> None:
             "sub = dist.new_group([0, 1])\n"
             "dist.all_reduce(torch.ones(2), group=sub if rank == 0 else None)\n",
             MatchKind.GROUP,
-            ["", ""],
+            ["all_reduce(float32[2], op=SUM)", "all_reduce(float32[2], op=SUM)"],
         ),
     ],
     ids=["shape", "dtype", "reduce-op", "root", "op-type", "device", "splits", "count", "group"],
 )
 def test_mismatch_names_each_rank_call_and_line(
-    session: object, code: str, kind: MatchKind, calls: list[str]
+    session: Session, code: str, kind: MatchKind, calls: list[str]
 ) -> None:
     started = time.monotonic()
     with pytest.raises(CollectiveMismatchError) as info:
-        session.run(code)  # type: ignore[attr-defined]
+        session.run(code)
     assert time.monotonic() - started < 5
     err = info.value
     assert err.mismatch is not None and err.mismatch.kind is kind
@@ -105,14 +112,14 @@ def test_mismatch_names_each_rank_call_and_line(
     still_works(session)
 
 
-def test_mismatch_in_the_notebook_says_the_cell_and_line(shell: object) -> None:
+def test_mismatch_in_the_notebook_says_the_cell_and_line(shell: InteractiveShell) -> None:
     with pytest.raises(CollectiveMismatchError) as info:
-        shell.run_cell_magic("allranks", "", ACCELERATE_EXAMPLE)  # type: ignore[attr-defined]
+        shell.run_cell_magic("allranks", "", ACCELERATE_EXAMPLE)
     assert "line 3: dist.broadcast(x, src=0)" in info.value.message  # line 1 is the magic
 
 
-def test_valid_programs_raise_nothing(session: object, capsys: pytest.CaptureFixture[str]) -> None:
-    session.run(  # type: ignore[attr-defined]
+def test_valid_programs_raise_nothing(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
+    session.run(
         "sizes = [1, 3] if rank == 0 else [2, 2]\n"  # uneven all_to_all_single, agreeing splits
         "recv = [1, 2] if rank == 0 else [3, 2]\n"
         "out = torch.empty(sum(recv))\n"
@@ -134,9 +141,9 @@ def test_valid_programs_raise_nothing(session: object, capsys: pytest.CaptureFix
 
 
 def test_ddp_training_step_with_checked_buckets(
-    session: object, capsys: pytest.CaptureFixture[str]
+    session: Session, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    session.run(  # type: ignore[attr-defined]
+    session.run(
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "import distnb.rank.checked as checked\n"
         "torch.manual_seed(0)\n"
@@ -154,7 +161,7 @@ def test_ddp_training_step_with_checked_buckets(
     assert "[ranks 0-1] same weights True" in capsys.readouterr().out
 
 
-def test_a_rank_that_leaves_the_loop_early_releases_the_others(session: object) -> None:
+def test_a_rank_that_leaves_the_loop_early_releases_the_others(session: Session) -> None:
     # The early-stopping bug: one rank decides alone to stop training.
     code = (
         "for step in range(5):\n"
@@ -165,7 +172,7 @@ def test_a_rank_that_leaves_the_loop_early_releases_the_others(session: object) 
     )
     started = time.monotonic()
     with pytest.raises(CollectiveDesyncError) as info:
-        session.run(code, timeout=30)  # type: ignore[attr-defined]
+        session.run(code, timeout=30)
     assert time.monotonic() - started < 5
     message = info.value.message
     assert "rank 1 finished the cell without calling all_reduce #" in message
@@ -173,7 +180,7 @@ def test_a_rank_that_leaves_the_loop_early_releases_the_others(session: object) 
     still_works(session)
 
 
-def test_a_rank_that_raises_releases_the_others(session: object) -> None:
+def test_a_rank_that_raises_releases_the_others(session: Session) -> None:
     code = (
         "x = torch.ones(2)\n"
         "if rank == 0:\n"
@@ -181,15 +188,15 @@ def test_a_rank_that_raises_releases_the_others(session: object) -> None:
         "dist.all_reduce(x)\n"
     )
     with pytest.raises(Exception) as info:
-        session.run(code, timeout=30)  # type: ignore[attr-defined]
-    names = {f.ename for f in info.value.failures}  # type: ignore[attr-defined]
+        session.run(code, timeout=30)
+    names = {f.ename for f in info.value.failures}
     assert names == {"RuntimeError", "CollectiveDesyncError"}
-    desync = next(f for f in info.value.failures if f.ename == "CollectiveDesyncError")  # type: ignore[attr-defined]
+    desync = next(f for f in info.value.failures if f.ename == "CollectiveDesyncError")
     assert "rank 0 raised RuntimeError: data loader broke" in desync.evalue
     still_works(session)
 
 
-def test_a_skipped_collective_is_reported_as_a_skip(session: object) -> None:
+def test_a_skipped_collective_is_reported_as_a_skip(session: Session) -> None:
     code = (
         "x = torch.ones(2)\n"
         "if rank == 0:\n"
@@ -197,7 +204,7 @@ def test_a_skipped_collective_is_reported_as_a_skip(session: object) -> None:
         "dist.all_reduce(x)\n"
     )
     with pytest.raises(CollectiveDesyncError) as info:
-        session.run(code, timeout=30)  # type: ignore[attr-defined]
+        session.run(code, timeout=30)
     message = info.value.message
     assert "rank 1 finished the cell" in message
     assert "rank 1 skipped all_reduce #" in message
@@ -216,21 +223,21 @@ def test_a_rank_that_dies_is_named_and_restart_recovers() -> None:
         still_works(s)
 
 
-def test_unchecked_switches(session: object, capsys: pytest.CaptureFixture[str]) -> None:
-    session.run(  # type: ignore[attr-defined]
+def test_unchecked_switches(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
+    session.run(
         "import distnb\nx = torch.ones(2)\n"
         "with distnb.unchecked():\n    dist.all_reduce(x)\nprint(x.tolist())"
     )
-    session.run("dist.all_reduce(x)\nprint(x.tolist())", check=False)  # type: ignore[attr-defined]
+    session.run("dist.all_reduce(x)\nprint(x.tolist())", check=False)
     out = capsys.readouterr().out
     assert "[ranks 0-1] [2.0, 2.0]" in out and "[ranks 0-1] [4.0, 4.0]" in out
-    assert session.timeline(cells=1).timeline.collectives == ()  # type: ignore[attr-defined]
+    assert session.timeline(cells=1).timeline.collectives == ()
 
 
-def test_hang_report_names_the_collective_each_waiting_rank_is_at(session: object) -> None:
+def test_hang_report_names_the_collective_each_waiting_rank_is_at(session: Session) -> None:
     code = "import time\nx = torch.ones(2)\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(x)\n"
     with pytest.raises(RankTimeoutError) as info:
-        session.run(code, timeout=2)  # type: ignore[attr-defined]
+        session.run(code, timeout=2)
     reports = {r.rank: r for r in info.value.reports}
     assert reports[0].detail.startswith("waiting at all_reduce #")
     assert "line 5) for rank 1" in reports[0].detail
@@ -238,7 +245,7 @@ def test_hang_report_names_the_collective_each_waiting_rank_is_at(session: objec
     still_works(session)
 
 
-def test_check_finite_names_the_rank_that_poisoned_the_reduction(session: object) -> None:
+def test_check_finite_names_the_rank_that_poisoned_the_reduction(session: Session) -> None:
     code = (
         "import distnb\n"
         "x = torch.tensor([float('nan') if rank == 1 else 1.0, 2.0])\n"
@@ -246,7 +253,7 @@ def test_check_finite_names_the_rank_that_poisoned_the_reduction(session: object
         "    dist.all_reduce(x)\n"
     )
     with pytest.raises(CollectiveMismatchError) as info:
-        session.run(code)  # type: ignore[attr-defined]
+        session.run(code)
     assert info.value.mismatch is not None
     assert info.value.mismatch.kind is MatchKind.NON_FINITE
     assert info.value.mismatch.ranks == (1,)

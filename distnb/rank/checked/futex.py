@@ -2,7 +2,7 @@
 
 A rank waiting for its peers' fingerprints must not spin for long: on a machine with as many
 ranks as cores, a spinning rank takes the CPU its peer (or gloo's threads) needs.
-`distnb.rank.exchange.collect` polls only in a short window around when it expects the post,
+`distnb.rank.checked.exchange.collect` polls only in a short window around when it expects the post,
 and sleeps here otherwise.
 `wait` sleeps in the kernel until a `wake` on the same word (the writer's post) or the timeout;
 the caller re-checks what it waits for either way. `AVAILABLE` is False off Linux

@@ -30,18 +30,11 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from distnb import matching
-from distnb.rank import callsite, exchange, ops
-from distnb.rank.checker import (
-    WAIT_ENDED,
-    Channel,
-    Checker,
-    Group,
-    decode,
-    dispatch,
-    encode,
-    fingerprint,
-)
-from distnb.rank.watch import Wait, mismatch_error
+from distnb.rank.checked import callsite, exchange, ops
+from distnb.rank.checked.checker import WAIT_ENDED, Channel, Checker, Group, dispatch
+from distnb.rank.checked.monitor import Wait, mismatch_error
+from distnb.rank.checked.wire import decode, encode, fingerprint
+from distnb.records.beacon import WaitKind
 from distnb.records.collective import Fingerprint, Mismatch
 
 __all__ = ["batch", "p2p", "recv_anysource"]
@@ -180,7 +173,7 @@ def check_recv(
     def mine() -> Fingerprint:
         return fingerprint((core, site), rank=checker.rank, group=g.label, seq=n, members=())
 
-    wait = Wait("recv", g.label, n, call.op, site, (call.peer,), mine, call.peer, call.tag)
+    wait = Wait(WaitKind.RECV, g.label, n, call.op, site, (call.peer,), mine, call.peer, call.tag)
     try:
         (data,) = checker.wait(board, [0], n + 1, wait)
     except WAIT_ENDED:
@@ -260,5 +253,5 @@ def _record(
     # async p2p work on gloo has no future: its end stays unknown (0)
     end = 0 if call.op in ("isend", "irecv") else time.monotonic_ns()
     checker.recorder.add(
-        [checker.rank, group, n, call.op, call.nbytes, site, arrive, start, end, checker.cell, 2]
+        [checker.rank, group, n, call.op, call.nbytes, site, arrive, start, end, checker.run_id, 2]
     )

@@ -1,54 +1,41 @@
 """What a rank does while it waits for its peers: beacon, abort key, deadlock check.
 
-Nothing here runs on the fast path: `exchange.collect` calls `Watch.tick` only once a wait has
-lasted `exchange.TICK_NS` (5 ms), and then every 5 ms. Each tick
+Nothing here runs on the fast path: `exchange.collect` calls `WaitMonitor.tick` only once a wait
+has lasted `exchange.TICK_NS` (5 ms), and then every 5 ms. Each tick
 
-1. writes this rank's **beacon** (`beacon/<rank>`, JSON) the first time: where it waits (cell,
-   group, seq, op, call site, fingerprint) and for whom, so the kernel can tell a hang apart
-   from a slow rank, and peers can see what this rank waits in;
-2. looks for the kernel's abort key for the current cell (`abort/<cell>`): if set, raises
+1. writes this rank's **beacon** (`keys.beacon(rank)`, a `Beacon` record) the first time: where
+   it waits (run, group, seq, op, call site, fingerprint) and for whom, so the kernel can tell a
+   hang from a slow rank, and peers can see what this rank waits in;
+2. looks for the kernel's abort key for the current run (`keys.abort(run_id)`): if set, raises
    `CollectiveDesyncError` with the kernel's reason;
 3. reads the beacons of the peers it still waits for. A peer that waits for this rank, in a call
    this rank has not reached (another group's collective, a receive from this rank), can never
    be satisfied while this rank waits where it does: both would hang. This rank then raises a
-   `CollectiveMismatchError` (kind "group", "peer" or "op type") and leaves a beacon in state
-   "deadlock" naming the peer's wait, so that the peer raises the same error at its next tick.
-
-Beacon states: "waiting" (with the fields above), "running" (a long wait ended), "deadlock".
+   `CollectiveMismatchError` (kind "group", "peer" or "op type") and leaves a `DEADLOCK` beacon
+   naming the peer's wait, so that the peer raises the same error at its next tick. (Longer
+   cycles, A waits for B waits for C waits for A, are found by the kernel's referee.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from torch._C._distributed_c10d import Store
 
-from distnb import matching
+from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
-from distnb.rank import callsite
+from distnb.rank.checked import callsite
+from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.collective import CallSite, Fingerprint, Mismatch
 
-__all__ = ["Wait", "Watch", "abort_key", "beacon_key", "mismatch_error", "to_callsite"]
-
-
-def abort_key(cell: int | None) -> str:
-    """Set by the kernel (JSON `{"reason": ...}`) to release ranks waiting in `cell`."""
-    return f"abort/{'none' if cell is None else cell}"
-
-
-def beacon_key(rank: int) -> str:
-    return f"beacon/{rank}"
+__all__ = ["Wait", "WaitMonitor", "mismatch_error", "to_callsite"]
 
 
 def mismatch_error(mismatch: Mismatch) -> CollectiveMismatchError:
     """The error every rank raises; the record rides along as `err.mismatch`."""
-    err = CollectiveMismatchError(mismatch.message)
-    err.mismatch = mismatch
-    return err
+    return CollectiveMismatchError(mismatch.message, mismatch=mismatch)
 
 
 def to_callsite(site: callsite.Site) -> CallSite:
@@ -63,11 +50,22 @@ class Wait:
     rank's fingerprint (only when a beacon needs it).
     """
 
-    __slots__ = ("fingerprint", "kind", "label", "op", "peer", "ranks", "seq", "site", "tag")
+    __slots__ = (
+        "fingerprint",
+        "kind",
+        "label",
+        "op",
+        "origin",
+        "peer",
+        "ranks",
+        "seq",
+        "site",
+        "tag",
+    )
 
     def __init__(
         self,
-        kind: str,
+        kind: WaitKind,
         label: str,
         seq: int,
         op: str,
@@ -76,8 +74,9 @@ class Wait:
         fingerprint: Callable[[], Fingerprint] | None = None,
         peer: int = -1,
         tag: int = 0,
+        origin: str = "",
     ) -> None:
-        self.kind = kind  # "collective", "recv" or "start" (waiting for peers to install)
+        self.kind = kind
         self.label = label
         self.seq = seq
         self.op = op
@@ -86,24 +85,25 @@ class Wait:
         self.fingerprint = fingerprint
         self.peer = peer
         self.tag = tag
+        self.origin = origin
 
 
 # blocks(this rank's wait, a peer's beacon): can the peer's wait not end while ours lasts?
-Blocks = Callable[[Wait, Mapping[str, Any]], bool]
+Blocks = Callable[[Wait, Beacon], bool]
 
 
-class Watch:
+class WaitMonitor:
     """The current wait of one rank, and what it tells the kernel and its peers."""
 
     def __init__(self, store: Store, rank: int, blocks: Blocks) -> None:
         self.store = store
         self.rank = rank
         self.blocks = blocks
-        self.cell: int | None = None
+        self.run_id: int | None = None
         self.current: Wait | None = None
         self.wait_id = 0  # names one wait in beacons, so a stale "deadlock" never matches
         self._beacon_on = False
-        self._mine: dict[str, Any] | None = None
+        self._mine: Fingerprint | None = None
         # peer rank -> wait id that looked deadlocked with ours at the last tick
         self._suspects: dict[int, int] = {}
 
@@ -117,7 +117,7 @@ class Watch:
         self.current = None
         if self._beacon_on:
             self._beacon_on = False
-            self.beacon({"state": "running"})
+            self._post(Beacon(self.rank, BeaconState.RUNNING, self.run_id, time.time()))
 
     def tick(self, elapsed_ns: int, missing_rings: Sequence[int]) -> None:
         wait = self.current
@@ -126,40 +126,42 @@ class Watch:
         missing = [wait.ranks[r] for r in missing_rings]
         if not self._beacon_on:
             self._beacon_on = True
-            self.beacon(self._waiting(wait, missing))
+            self._post(self._waiting(wait, missing))
         self._check_abort(wait, missing)
-        if wait.kind != "start":
+        if wait.kind is not WaitKind.START:
             self._check_deadlock(wait, missing)
 
-    def beacon(self, fields: Mapping[str, Any]) -> None:
+    def _post(self, beacon: Beacon) -> None:
         """Tell the kernel where this rank is (on long waits only: it costs a round trip)."""
-        value = {"rank": self.rank, "cell": self.cell, "time": time.time(), **fields}
         # if the control plane is gone, nobody is left to read the beacon
         with contextlib.suppress(RuntimeError):
-            self.store.set(beacon_key(self.rank), json.dumps(value))
+            self.store.set(keys.beacon(self.rank), beacon.to_json())
 
-    def _waiting(self, wait: Wait, missing: Sequence[int]) -> dict[str, Any]:
-        mine = self._mine = wait.fingerprint().to_dict() if wait.fingerprint else None
-        return {
-            "state": "waiting",
-            "wait": self.wait_id,
-            "kind": wait.kind,
-            "group": wait.label,
-            "seq": wait.seq,
-            "op": wait.op,
-            "peer": wait.peer,
-            "tag": wait.tag,
-            "site": str(to_callsite(wait.site)),
-            "code": wait.site[3],
-            "waiting_for": list(missing),
-            "fingerprint": mine,
-        }
+    def _waiting(self, wait: Wait, missing: Sequence[int]) -> Beacon:
+        mine = self._mine = wait.fingerprint() if wait.fingerprint else None
+        return Beacon(
+            rank=self.rank,
+            state=BeaconState.WAITING,
+            run_id=self.run_id,
+            time=time.time(),
+            wait_id=self.wait_id,
+            kind=wait.kind,
+            group=wait.label,
+            seq=wait.seq,
+            op=wait.op,
+            origin=wait.origin,
+            peer=wait.peer,
+            tag=wait.tag,
+            site=to_callsite(wait.site),
+            waiting_for=tuple(missing),
+            fingerprint=mine,
+        )
 
     def _check_abort(self, wait: Wait, missing: Sequence[int]) -> None:
-        key = abort_key(self.cell)
+        key = keys.abort(self.run_id)
         if not self.store.check([key]):
             return
-        reason = _reason(self.store.get(key))
+        reason = self.store.get(key).decode(errors="replace")
         who = ", ".join(map(str, missing))
         message = (
             f"{reason}\n  rank {self.rank} was waiting at {wait.op} #{wait.seq} on {wait.label} "
@@ -168,42 +170,41 @@ class Watch:
         raise CollectiveDesyncError(message)
 
     def _check_deadlock(self, wait: Wait, missing: Sequence[int]) -> None:
-        keys = [beacon_key(r) for r in missing]
-        if self._mine is None or not self.store.check(keys):
+        names = [keys.beacon(r) for r in missing]
+        if self._mine is None or not self.store.check(names):
             return
         suspects = {}
-        for raw in self.store.multi_get(keys):
-            peer = json.loads(raw)
-            if peer.get("state") == "deadlock" and peer.get("blocked") == [self.rank, self.wait_id]:
-                raise mismatch_error(Mismatch.from_dict(peer["mismatch"]))
+        for raw in self.store.multi_get(names):
+            peer = Beacon.from_json(raw)
+            if (
+                peer.state is BeaconState.DEADLOCK
+                and peer.blocked == (self.rank, self.wait_id)
+                and peer.mismatch is not None
+            ):
+                raise mismatch_error(peer.mismatch)
             if not (
-                peer.get("state") == "waiting"
-                and self.rank in peer.get("waiting_for", ())
-                and peer.get("fingerprint")
+                peer.waiting
+                and self.rank in peer.waiting_for
+                and peer.fingerprint is not None
                 and self.blocks(wait, peer)
             ):
                 continue
             # A beacon can lag behind its rank for a moment (a wait that just ended): believe
             # it only when the same wait is still there one tick later.
-            rank, wait_id = int(peer["rank"]), int(peer["wait"])
-            if self._suspects.get(rank) != wait_id:
-                suspects[rank] = wait_id
+            if self._suspects.get(peer.rank) != peer.wait_id:
+                suspects[peer.rank] = peer.wait_id
                 continue
-            mine = Fingerprint.from_dict(self._mine)
-            found = matching.deadlock(mine, Fingerprint.from_dict(peer["fingerprint"]))
-            blocked = [rank, wait_id]
-            self.beacon({"state": "deadlock", "blocked": blocked, "mismatch": found.to_dict()})
+            found = matching.deadlock(self._mine, peer.fingerprint)
+            self._post(
+                Beacon(
+                    self.rank,
+                    BeaconState.DEADLOCK,
+                    self.run_id,
+                    time.time(),
+                    blocked=(peer.rank, peer.wait_id),
+                    mismatch=found,
+                )
+            )
             self._beacon_on = False  # keep the "deadlock" beacon for the peer to read
             raise mismatch_error(found)
         self._suspects = suspects
-
-
-def _reason(value: bytes) -> str:
-    text = value.decode(errors="replace")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text
-    if isinstance(parsed, dict):
-        return str(parsed.get("reason") or parsed.get("message") or text)
-    return str(parsed)

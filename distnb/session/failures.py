@@ -1,0 +1,122 @@
+"""What ranks send back when things go wrong, translated once into distnb's records and errors.
+
+ipyparallel reports a rank's exception as a `RemoteError` (ename, evalue, traceback text) and a
+dead engine as an `EngineError`; `to_failure` turns either into a `RankFailure` record, and
+`cell_error` builds the one exception a cell raises from them, whole.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from distnb import errors
+from distnb.ranklist import format_ranks
+from distnb.records.cell import RankFailure
+from distnb.records.collective import Mismatch
+
+__all__ = [
+    "CHECKED_ERRORS",
+    "call_error",
+    "cell_error",
+    "error_of",
+    "exit_text",
+    "is_engine_death",
+    "only_checked",
+    "stuck_message",
+    "to_failure",
+]
+
+# The checked runtime's errors, raised on ranks, re-raised in the kernel as themselves.
+CHECKED_ERRORS: dict[str, type[errors.RankError]] = {
+    "CollectiveMismatchError": errors.CollectiveMismatchError,
+    "CollectiveDesyncError": errors.CollectiveDesyncError,
+}
+
+
+def to_failure(rank: int, error: BaseException) -> RankFailure:
+    """A rank's exception as it came back from ipyparallel (a `RemoteError`, or any other)."""
+    tb = getattr(error, "traceback", None)
+    return RankFailure(
+        rank,
+        getattr(error, "ename", type(error).__name__),
+        str(getattr(error, "evalue", error)),
+        tb if isinstance(tb, str) else "",
+    )
+
+
+def is_engine_death(error: BaseException | None) -> bool:
+    """ipyparallel's word for an engine that died while it ran the request."""
+    return getattr(error, "ename", "") == "EngineError"
+
+
+def only_checked(failures: Iterable[RankFailure]) -> bool:
+    return all(f.ename in CHECKED_ERRORS for f in failures)
+
+
+def cell_error(
+    where: str,
+    failures: Sequence[RankFailure],
+    mismatch: Mismatch | None = None,
+    skipped: str = "",
+) -> errors.RankError:
+    """The one exception for a failed run (`where`: "cell In[3]", "train.py").
+
+    The checked runtime's errors are raised as themselves when every failing rank raised one,
+    with the record (`mismatch`) or the skipped call found afterwards (`skipped`). When a rank
+    raised an error of its own, that is the cause (the others' `CollectiveDesyncError`s only
+    follow from it), so it comes first.
+    """
+    if only_checked(failures):
+        first = min(failures, key=lambda f: (f.ename != "CollectiveMismatchError", f.rank))
+        if first.ename == "CollectiveMismatchError":
+            return errors.CollectiveMismatchError(first.evalue, failures, mismatch)
+        message = f"{first.evalue}\n{skipped}" if skipped else first.evalue
+        return errors.CollectiveDesyncError(message, failures)
+    own = [f for f in failures if f.ename not in CHECKED_ERRORS]
+    groups = errors.group_failures(own) + errors.group_failures(
+        [f for f in failures if f.ename in CHECKED_ERRORS]
+    )
+    summary = "; ".join(
+        f"{format_ranks(r)}: {f.summary}" for r, f in groups[: errors.TRACEBACK_LIMIT]
+    )
+    more = len(groups) - errors.TRACEBACK_LIMIT
+    if more > 0:
+        summary += f"; ... {more} more"
+    return errors.RankError(f"{where} failed on {summary}", failures)
+
+
+def call_error(name: str, failures: Sequence[RankFailure]) -> errors.RankError:
+    """A distnb function called on ranks (`Session.call`) failed on some of them."""
+    return errors.RankError(f"{name} failed on {format_ranks(f.rank for f in failures)}", failures)
+
+
+def exit_text(code: int | None) -> str:
+    """`was killed by SIGABRT`, `exited with code 1`."""
+    if code is None:
+        return "died (exit status unknown)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def stuck_message(ranks: Iterable[int]) -> str:
+    return (
+        f"{format_ranks(ranks)} did not stop after an interrupt (blocked in native code, e.g. a "
+        "collective whose peer is gone): run %dist_restart (or session.restart()) to get a "
+        "working cluster."
+    )
+
+
+def error_of(ar: Any) -> BaseException | None:
+    """The error of a finished single-engine AsyncResult, or None if it succeeded."""
+    try:
+        ar.get(timeout=0)
+    except Exception as exc:
+        return exc
+    return None
