@@ -79,7 +79,7 @@ def timeline_cases(
 ) -> list[tuple[str, Callable[[], object]]]:
     """Each case starts from the events, as displaying a fresh view does."""
     from distnb.views.timeline import TimelineView
-    from distnb.views.timeline_model import build_timeline
+    from distnb.views.timeline.model import build_timeline
 
     return [
         ("build_timeline only", lambda: build_timeline(events)),

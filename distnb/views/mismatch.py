@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import html
-
 from distnb.matching import describe
 from distnb.records.collective import Mismatch
+from distnb.views._format import DIFF_ROW_BG, Cell, Row, esc, html_table, text_table
+
+HEADER = ("rank", "call", "call site")
 
 
 class MismatchView:
@@ -22,28 +23,24 @@ class MismatchView:
         return f"{m.kind.value} mismatch in {m.op} #{m.seq} on {m.group}"
 
     def __repr__(self) -> str:
-        rows = [("rank", "call", "call site"), *((str(r), c, s) for r, c, s in self.rows())]
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
-        lines = [self.heading()]
-        lines += [
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
-        ]
+        rows = [(str(rank), call, site) for rank, call, site in self.rows()]
+        lines = [self.heading(), text_table(HEADER, rows, indent="  ")]
         if self.mismatch.hint:
             lines.append(self.mismatch.hint)
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         odd = set(self.mismatch.ranks)
-        body = "".join(
-            f'<tr style="background:{"#fde2e1" if rank in odd else "transparent"}">'
-            f"<td>{rank}</td><td><code>{html.escape(call)}</code></td>"
-            f"<td>{html.escape(site)}</td></tr>"
+        rows = [
+            Row(
+                [str(rank), Cell(f"<code>{esc(call)}</code>"), site],
+                background=DIFF_ROW_BG if rank in odd else "",
+            )
             for rank, call, site in self.rows()
-        )
-        hint = f"<p>{html.escape(self.mismatch.hint)}</p>" if self.mismatch.hint else ""
+        ]
+        hint = f"<p>{esc(self.mismatch.hint)}</p>" if self.mismatch.hint else ""
         return (
-            f"<p><b>CollectiveMismatchError</b>: {html.escape(self.heading())}. "
+            f"<p><b>CollectiveMismatchError</b>: {esc(self.heading())}. "
             "Nothing was sent; the process group still works.</p>"
-            "<table><thead><tr><th>rank</th><th>call</th><th>call site</th></tr></thead>"
-            f"<tbody>{body}</tbody></table>{hint}"
+            f"{html_table(HEADER, rows)}{hint}"
         )

@@ -14,12 +14,12 @@ from typing import Any
 
 from distnb.records.overflow import CrossRankSummary, Frame, RankOverflowReport, summarize
 from distnb.views._format import (
-    CELL_STYLE,
     DIFF_ROW_BG,
-    HEAD_STYLE,
-    TABLE_STYLE,
     WARN_ROW_BG,
+    Row,
     esc,
+    html_block,
+    html_table,
     text_table,
 )
 
@@ -175,39 +175,37 @@ def _steps(frames: Sequence[Frame]) -> str:
 # -- HTML --------------------------------------------------------------------------------------
 
 
+SUMMARY_STYLE = "font-family:monospace;font-size:12px;margin:4px 0"
+STATUS_STYLE = "font-family:monospace;font-size:12px"
+MARK_BG = {BAD: DIFF_ROW_BG, LOW: WARN_ROW_BG}
+
+
 def _table_html(report: RankOverflowReport, frames: Sequence[Frame]) -> str:
-    head = "".join(f'<th style="{HEAD_STYLE}">{esc(h)}</th>' for h in HEADER)
-    body = []
-    for mark, f in frame_rows(report, frames):
-        bg = {BAD: DIFF_ROW_BG, LOW: WARN_ROW_BG}.get(mark, "")
-        style = f' style="background:{bg}"' if bg else ""
-        cls = f' class="distnb-{mark}"' if mark else ""
-        cells = "".join(f'<td style="{CELL_STYLE}">{esc(c)}</td>' for c in frame_cells(f))
-        body.append(f"<tr{cls}{style}>{cells}</tr>")
-    return f'<table style="{TABLE_STYLE}"><tr>{head}</tr>{"".join(body)}</table>'
+    rows = [
+        Row(frame_cells(f), background=MARK_BG.get(mark, ""), mark=mark)
+        for mark, f in frame_rows(report, frames)
+    ]
+    return html_table(HEADER, rows)
+
+
+def _details(label: str, body: str) -> str:
+    return f"<details><summary>{esc(label)}</summary>{body}</details>"
 
 
 def _summary_html(summary: CrossRankSummary) -> str:
-    lines = summary.lines()
-    first = f"<b>{esc(lines[0])}</b>"
-    rest = "".join(f"<br>{esc(line)}" for line in lines[1:])
-    return f'<div style="font-family:monospace;font-size:12px;margin:4px 0">{first}{rest}</div>'
+    return html_block(summary.lines(), SUMMARY_STYLE, bold=True)
 
 
 def _rank_html(r: RankOverflowReport) -> str:
-    parts = [f'<div style="font-family:monospace;font-size:12px">{esc(_status(r))}</div>']
+    parts = [html_block(_status(r), STATUS_STYLE)]
     if r.ring:
-        parts.append(f"<div>{esc(_ring_title(r))}</div>" + _table_html(r, r.ring))
+        parts.append(html_block(_ring_title(r), "") + _table_html(r, r.ring))
     if r.headroom:
         label = f"Low fp16/bf16 headroom: {len(r.headroom)} warnings"
-        parts.append(
-            f"<details><summary>{esc(label)}</summary>{_table_html(r, r.headroom)}</details>"
-        )
+        parts.append(_details(label, _table_html(r, r.headroom)))
     if r.traced:
         label = f"Traced steps {_steps(r.traced)}: {len(r.traced)} frames"
-        parts.append(
-            f"<details><summary>{esc(label)}</summary>{_table_html(r, r.traced)}</details>"
-        )
+        parts.append(_details(label, _table_html(r, r.traced)))
     return "".join(parts)
 
 

@@ -13,14 +13,15 @@ from typing import Any
 from distnb.ranklist import format_ranks
 from distnb.records.shapes import Entry, Field, ModuleMeta, ShapeScan, TensorMeta
 from distnb.views._format import (
-    CELL_STYLE,
     DIFF_CELL_BG,
     DIFF_PART_STYLE,
     DIFF_ROW_BG,
-    HEAD_STYLE,
-    TABLE_STYLE,
     WARN_ROW_BG,
+    Cell,
+    Row,
     esc,
+    html_block,
+    html_table,
     text_table,
 )
 from distnb.views.shape_table import ShapeRow, ShapeTable, build_table
@@ -83,7 +84,7 @@ def filter_table(table: ShapeTable, pattern: str = "", only_differing: bool = Fa
 
 
 def _summary(table: ShapeTable) -> str:
-    ranks = format_ranks(table.ranks) if table.ranks else "no ranks"
+    ranks = format_ranks(table.ranks, none="no ranks")
     n_diff = len(table.differing)
     fields = sorted({f.value for r in table.differing for f in r.differs})
     head = f"Shapes on {ranks}: {len(table.rows)} names"
@@ -187,63 +188,65 @@ def _text_row(name: str, row: ShapeRow) -> list[str]:
 # -- HTML ----------------------------------------------------------------------------------
 
 
+SUMMARY_STYLE = "font-family:sans-serif;font-size:13px;margin:4px 0"
+LEGEND_STYLE = "font-family:sans-serif;font-size:11px;color:#666"
+CHILDREN_STYLE = "padding:0 0 0 16px;border-bottom:none;white-space:normal"
+
+
 def render_html(table: ShapeTable, max_rows: int = 200, max_children: int = 100) -> str:
     """Static HTML with inline styles; modules expand through `<details>`."""
     ncols = len(table.ranks) + 2
-    head = "".join(
-        f'<th style="{HEAD_STYLE}">{esc(h)}</th>'
-        for h in [
-            "name",
-            *(f"rank {r} ({d})" for r, d in zip(table.ranks, table.devices, strict=True)),
-            "differs",
-        ]
-    )
-    body: list[str] = []
+    header = [
+        "name",
+        *(f"rank {r} ({d})" for r, d in zip(table.ranks, table.devices, strict=True)),
+        "differs",
+    ]
+    rows: list[Row] = []
     for row in table.rows[:max_rows]:
-        body.append(_html_row(row.name, row))
+        rows.append(_html_row(row.name, row))
         if row.children:
-            body.append(_html_children(row, ncols, max_children))
+            rows.append(_html_children(row, ncols, max_children))
     if len(table.rows) > max_rows:
-        more = f"... {len(table.rows) - max_rows} more rows"
-        body.append(f'<tr><td colspan="{ncols}" style="{CELL_STYLE}">{more}</td></tr>')
+        rows.append(_more_row(len(table.rows) - max_rows, "rows", ncols))
     return (
-        f'<div><div style="font-family:sans-serif;font-size:13px;margin:4px 0">'
-        f"<b>{esc(_summary(table))}</b></div>"
-        f'<table style="{TABLE_STYLE}"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table>"
-        f'<div style="font-family:sans-serif;font-size:11px;color:#666">{esc(LEGEND)}</div></div>'
+        f"<div>{html_block(_summary(table), SUMMARY_STYLE, bold=True)}"
+        f"{html_table(header, rows)}{html_block(LEGEND, LEGEND_STYLE)}</div>"
     )
 
 
-def _html_row(name: str, row: ShapeRow) -> str:
+def _html_row(name: str, row: ShapeRow) -> Row:
     bg = DIFF_ROW_BG if row.differs else WARN_ROW_BG if row.nonfinite else ""
-    style = f' style="background:{bg}"' if bg else ""
-    cells = [f'<td style="{CELL_STYLE}">{esc(name)}</td>']
-    for entry, marked in zip(row.cells, row.marked, strict=True):
-        cell_style = CELL_STYLE + (f";background:{DIFF_CELL_BG}" if marked else "")
-        title = f' title="differs: {esc(", ".join(f.value for f in marked))}"' if marked else ""
-        parts = " ".join(
-            f'<span style="{DIFF_PART_STYLE}">{esc(t)}</span>' if m else esc(t)
-            for t, m in cell_parts(entry, marked)
-        )
-        cells.append(f'<td style="{cell_style}"{title}>{parts}</td>')
-    cells.append(f'<td style="{CELL_STYLE}">{esc(", ".join(f.value for f in row.differs))}</td>')
-    return f"<tr{style}>{''.join(cells)}</tr>"
+    cells: list[str | Cell] = [name]
+    cells += [_html_cell(e, marked) for e, marked in zip(row.cells, row.marked, strict=True)]
+    cells.append(", ".join(f.value for f in row.differs))
+    return Row(cells, background=bg)
 
 
-def _html_children(row: ShapeRow, ncols: int, max_children: int) -> str:
+def _html_cell(entry: Entry | None, marked: Sequence[Field]) -> Cell:
+    parts = " ".join(
+        f'<span style="{DIFF_PART_STYLE}">{esc(t)}</span>' if m else esc(t)
+        for t, m in cell_parts(entry, marked)
+    )
+    if not marked:
+        return Cell(parts)
+    title = "differs: " + ", ".join(f.value for f in marked)
+    return Cell(parts, style=f"background:{DIFF_CELL_BG}", title=title)
+
+
+def _html_children(row: ShapeRow, ncols: int, max_children: int) -> Row:
     n_diff = sum(1 for c in row.children if c.differs)
     label = f"{len(row.children)} parameters and buffers of {row.name}"
     if n_diff:
         label += f" ({n_diff} differ)"
-    inner = "".join(_html_row(c.name, c) for c in row.children[:max_children])
+    inner = [_html_row(c.name, c) for c in row.children[:max_children]]
     if len(row.children) > max_children:
-        inner += (
-            f'<tr><td style="{CELL_STYLE}">... {len(row.children) - max_children} more</td></tr>'
-        )
-    return (
-        f'<tr><td colspan="{ncols}" style="padding:0 0 0 16px">'
+        inner.append(_more_row(len(row.children) - max_children, "", ncols))
+    details = (
         f'<details{" open" if n_diff else ""}><summary style="cursor:pointer;font-size:12px">'
-        f"{esc(label)}</summary>"
-        f'<table style="{TABLE_STYLE}">{inner}</table></details></td></tr>'
+        f"{esc(label)}</summary>{html_table(None, inner)}</details>"
     )
+    return Row([Cell(details, style=CHILDREN_STYLE, colspan=ncols)])
+
+
+def _more_row(n: int, what: str, ncols: int) -> Row:
+    return Row([Cell(esc(f"... {n} more {what}".rstrip()), colspan=ncols)])

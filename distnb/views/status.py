@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from distnb.records.cell import RankInfo
+from distnb.views._format import esc, html_table, text_table
 from distnb.views.display import in_kernel
 
 COLUMNS = ("rank", "host", "pid", "device", "backend")
@@ -27,23 +27,13 @@ class Status:
     def __repr__(self) -> str:
         if not self.ranks:
             return self.note or "distnb: no ranks"
-        rows = [COLUMNS, *self.rows()]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        if self.note:
-            lines.append(self.note)
-        return "\n".join(lines)
+        return "\n".join([text_table(COLUMNS, self.rows()), *([self.note] if self.note else [])])
 
     def _repr_html_(self) -> str:
         if not self.ranks:
-            return f"<p>{html.escape(self.note or 'distnb: no ranks')}</p>"
-        head = "".join(f"<th>{c}</th>" for c in COLUMNS)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self.rows()
-        )
-        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+            return f"<p>{esc(self.note or 'distnb: no ranks')}</p>"
+        note = f"<p>{esc(self.note)}</p>" if self.note else ""
+        return html_table(COLUMNS, self.rows()) + note
 
 
 class Progress:

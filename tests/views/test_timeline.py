@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import xml.etree.ElementTree as ET
@@ -11,10 +12,11 @@ from typing import Any
 
 import pytest
 
+import distnb.views.timeline
 from distnb.records.collective import CallSite, CollectiveEvent
 from distnb.views.timeline import TimelineView
-from distnb.views.timeline_model import ClockOffsets, build_timeline, bus_factor, nccl_bytes
-from distnb.views.timeline_trace import chrome_trace
+from distnb.views.timeline.model import ClockOffsets, build_timeline, bus_factor, nccl_bytes
+from distnb.views.timeline.trace import chrome_trace
 
 MS = 1_000_000
 US = 1_000
@@ -149,7 +151,7 @@ def test_incomplete_collective_is_reported() -> None:
 
 def test_text_names_the_straggler_and_the_call_site() -> None:
     text = repr(TimelineView(straggling()))
-    assert "6 collectives (18 events) on ranks 0, 1, 2" in text
+    assert "6 collectives (18 events) on ranks 0-2, groups WORLD" in text
     lines = text.splitlines()
     row = lines[lines.index("Stragglers (arrived last; the others' wait for it):") + 2]
     assert row.split()[:2] == ["2", "6"]
@@ -312,3 +314,23 @@ def test_duplicate_events_count_once_and_unstarted_collectives_draw() -> None:
     c = build_timeline([never]).collectives[0]
     assert c.slots[0].start_ns == 0 and c.duration_ns is None
     check_trace_schema(chrome_trace(build_timeline([never, e1])))
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module an `import` or `from ... import` names, at any level of the file."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_the_facade_imports_its_renderers_and_none_imports_it() -> None:
+    package = Path(distnb.views.timeline.__file__).parent
+    renderers = [p for p in package.glob("*.py") if p.name != "__init__.py"]
+    assert {p.stem for p in renderers} >= {"model", "summary", "svg", "mpl", "trace", "widget"}
+    for path in renderers:
+        assert "distnb.views.timeline" not in imported_modules(path.read_text()), path.name

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from distnb.views.timeline_model import Collective, RankSlot, Timeline
+from distnb.views.timeline.model import Collective, RankSlot, Timeline
 
 __all__ = ["chrome_trace", "write_chrome_trace"]
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any
 
-from distnb.views.timeline_model import Timeline
-from distnb.views.timeline_svg import WAIT_COLOR, lanes, op_colors
+from distnb.views.timeline.layout import WAIT_COLOR, lane_label, lanes, op_colors
+from distnb.views.timeline.model import Timeline
 
 __all__ = ["figure"]
 
@@ -35,23 +35,9 @@ def figure(
     from matplotlib.patches import Patch
 
     rows = lanes(tl, ranks)
-    ys = {lane: i for i, lane in enumerate(rows)}
     colors = op_colors(s.op for s in tl.ops)
-    bars: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    waits: list[tuple[float, float, float]] = []
+    bars, waits = _spans(tl, {lane: i for i, lane in enumerate(rows)}, ops)
     ms = 1e-6
-    for c in tl.collectives:
-        if ops is not None and c.op not in ops:
-            continue
-        for s in c.slots:
-            y = ys.get((s.rank, c.group))
-            if y is None:
-                continue
-            wait_end = min(c.last_arrive_ns, s.start_ns)
-            if wait_end > s.arrive_ns:
-                waits.append((y, (s.arrive_ns - tl.t0_ns) * ms, (wait_end - tl.t0_ns) * ms))
-            end = s.end_ns if s.end_ns is not None else s.start_ns
-            bars[c.op].append((y, (s.start_ns - tl.t0_ns) * ms, (end - tl.t0_ns) * ms))
     fig = Figure(figsize=(width, 1.2 + 0.35 * max(len(rows), 1)), layout="constrained")
     ax = fig.add_subplot()
     hatch = "////" if len(waits) <= HATCH_LIMIT else None
@@ -77,8 +63,7 @@ def figure(
             ),
             autolim=False,
         )
-    multi = len(tl.groups) > 1
-    ax.set_yticks(range(len(rows)), [f"rank {r}" + (f" {g}" if multi else "") for r, g in rows])
+    ax.set_yticks(range(len(rows)), [lane_label(tl, r, g) for r, g in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, span_ms)
     ax.set_xlabel("ms since first arrival")
@@ -89,7 +74,32 @@ def figure(
     return fig
 
 
-def _boxes(spans: list[tuple[float, float, float]], half: float, min_w: float = 0.0) -> Any:
+Span = tuple[float, float, float]  # lane, start and end in ms since the first arrival
+
+
+def _spans(
+    tl: Timeline, ys: dict[tuple[int, str], int], ops: Collection[str] | None
+) -> tuple[dict[str, list[Span]], list[Span]]:
+    """The collectives' bars by op, and the waits before them, on the lanes in `ys`."""
+    bars: dict[str, list[Span]] = defaultdict(list)
+    waits: list[Span] = []
+    ms = 1e-6
+    for c in tl.collectives:
+        if ops is not None and c.op not in ops:
+            continue
+        for s in c.slots:
+            y = ys.get((s.rank, c.group))
+            if y is None:
+                continue
+            wait_end = min(c.last_arrive_ns, s.start_ns)
+            if wait_end > s.arrive_ns:
+                waits.append((y, (s.arrive_ns - tl.t0_ns) * ms, (wait_end - tl.t0_ns) * ms))
+            end = s.end_ns if s.end_ns is not None else s.start_ns
+            bars[c.op].append((y, (s.start_ns - tl.t0_ns) * ms, (end - tl.t0_ns) * ms))
+    return bars, waits
+
+
+def _boxes(spans: list[Span], half: float, min_w: float = 0.0) -> Any:
     """(lane, x0, x1) spans as an (n, 4, 2) array of rectangle corners, `min_w` wide at least."""
     import numpy as np
 

@@ -10,29 +10,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from distnb.ranklist import format_ranks
 from distnb.records.collective import CallSite
 from distnb.views._format import esc, format_bytes, format_ns
-from distnb.views.timeline_model import Collective, Timeline
+from distnb.views.timeline.layout import WAIT_COLOR, lane_label, lanes, op_colors
+from distnb.views.timeline.model import Collective, Timeline
 
-__all__ = ["WAIT_COLOR", "collective_title", "lanes", "op_colors", "render_svg"]
+__all__ = ["collective_title", "render_svg"]
 
-# tab10 without its grey, which is kept for waits.
-PALETTE = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#bcbd22",
-    "#17becf",
-)
-WAIT_COLOR = "#9e9e9e"
 _ids = itertools.count()  # pattern ids must be unique per page: several SVGs can share one
 
 
@@ -50,19 +38,6 @@ class Frame:
 
     def x(self, t: int) -> float:
         return self.left + (t - self.t0) * self.scale
-
-
-def op_colors(ops: Iterable[str]) -> dict[str, str]:
-    """A fixed colour per op, by name, so every view of a session agrees."""
-    return {op: PALETTE[i % len(PALETTE)] for i, op in enumerate(sorted(ops))}
-
-
-def lanes(tl: Timeline, ranks: Collection[int] | None = None) -> list[tuple[int, str]]:
-    """(rank, group) pairs that have events, rank by rank, groups in `tl.groups` order."""
-    seen = {(s.rank, c.group) for c in tl.collectives for s in c.slots}
-    return [
-        (r, g) for r in tl.ranks if ranks is None or r in ranks for g in tl.groups if (r, g) in seen
-    ]
 
 
 def collective_title(c: Collective) -> str:
@@ -91,8 +66,7 @@ def render_svg(
 ) -> str:
     """The timeline as one `<svg>` element; `selected` = (group, seq) is outlined."""
     rows = lanes(tl, ranks)
-    multi = len(tl.groups) > 1
-    labels = {lane: f"rank {lane[0]}" + (f" {lane[1]}" if multi else "") for lane in rows}
+    labels = {lane: lane_label(tl, *lane) for lane in rows}
     frame = _frame(tl, width, left=12 + 7 * max((len(t) for t in labels.values()), default=6))
     ys = _lane_ys(rows, frame)
     height = (max(ys.values(), default=frame.top) + frame.lane_h + 34) if rows else 60
