@@ -1,0 +1,68 @@
+"""Building a `Mismatch`: the message every rank raises, one line per rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from distnb.matching.words import canonical_op, describe, group_name
+from distnb.records.collective import Fingerprint, MatchKind, Mismatch
+
+SKIP_HINT = (
+    "the ranks called different collectives from different lines: a rank may have skipped a "
+    "collective (a branch on the rank, an early return) so that its next call met its peers' "
+    "earlier one"
+)
+
+# (kind, detail, ranks at fault); ranks empty means "every rank"
+Found = tuple[MatchKind, str, tuple[int, ...]]
+Rule = Callable[[Sequence[Fingerprint]], "Found | None"]
+
+
+def verdict(
+    fps: Sequence[Fingerprint],
+    kind: MatchKind,
+    detail: str,
+    ranks: tuple[int, ...],
+    deadlocked: bool = False,
+) -> Mismatch:
+    first = fps[0]
+    ops = list(dict.fromkeys(f.op for f in fps))
+    op = "/".join(ops)
+    hint = ""
+    if kind is MatchKind.COLLECTIVE_TYPE and len({(f.site.file, f.site.line) for f in fps}) > 1:
+        hint = SKIP_HINT
+    if deadlocked:
+        where = ""
+    elif canonical_op(first.op) in ("send", "recv"):
+        src, dst = fps[0].rank, fps[-1].rank
+        if canonical_op(first.op) == "recv":
+            src, dst = dst, src
+        where = f"{op} #{first.seq} from rank {src} to rank {dst} on {group_name(first)}"
+    else:
+        where = f"{op} #{first.seq} on {group_name(first)}"
+    lines = [f"{kind.value} mismatch{' in ' + where if where else ''}: {detail}"]
+    calls = [describe(f) for f in fps]
+    width = max(len(c) for c in calls)
+    for f, call in zip(fps, calls, strict=True):
+        code = f": {f.site.code}" if f.site.code else ""
+        lines.append(f"  rank {f.rank}: {call.ljust(width)}  at {f.site}{code}")
+    if hint:
+        lines.append(f"hint: {hint}")
+    if canonical_op(first.op) in ("send", "recv") and not deadlocked:
+        # the receiver takes the message into a scratch tensor, so the sender is not left hanging
+        lines.append(
+            "The message went to a scratch buffer, not yours; the process group still works."
+        )
+    else:
+        lines.append("Nothing was sent; the process group still works.")
+    return Mismatch(
+        kind=kind,
+        op=op,
+        group="/".join(dict.fromkeys(f.group for f in fps)),
+        seq=first.seq,
+        fingerprints=tuple(fps),
+        message="\n".join(lines),
+        detail=detail,
+        ranks=tuple(sorted(set(ranks))) or tuple(f.rank for f in fps),
+        hint=hint,
+    )

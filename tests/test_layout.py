@@ -1,0 +1,122 @@
+"""The architecture as the folder layout promises it, checked on the source (DESIGN.md, Layout).
+
+- no import cycle between distnb's modules, counting imports inside functions (a lazy import is
+  still a dependency) and leaving out `if TYPE_CHECKING:` blocks;
+- only `rank/` imports torch at module level (the kernel imports distnb cheaply; `keys`,
+  `records`, `matching` stay pure); only `session/` imports ipyparallel; only `views/` imports
+  ipywidgets and matplotlib;
+- modules stay small.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "distnb"
+MAX_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import outside TYPE_CHECKING blocks."""
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub, top)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, top) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                found.append((child.module, top))
+                found.extend((f"{child.module}.{alias.name}", top) for alias in child.names)
+            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, top and not inner)
+
+    visit(ast.parse(path.read_text()), True)
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = {target for target, _ in imports(path) if target in MODULES}
+        # importing a submodule runs its package's __init__, but that is not a cycle of ours
+        edges[name] = {t for t in targets if t != name and not name.startswith(t + ".")}
+    return edges
+
+
+def test_no_import_cycles() -> None:
+    edges = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt) :] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node)
+
+
+def heavy_imports_at_module_level(prefix: str) -> dict[str, list[str]]:
+    return {
+        name: [t for t, top in imports(path) if top and t.split(".")[0] == prefix]
+        for name, path in MODULES.items()
+    }
+
+
+def test_torch_is_imported_at_module_level_only_on_ranks() -> None:
+    outside = {
+        name: found
+        for name, found in heavy_imports_at_module_level("torch").items()
+        if found and not name.startswith("distnb.rank")
+    }
+    # distnb.overflow is the rank-side facade that user code imports on a rank
+    assert set(outside) <= {"distnb.overflow"}, outside
+
+
+def test_ipyparallel_only_in_session_and_widgets_only_in_views() -> None:
+    for prefix, home in (
+        ("ipyparallel", ("distnb.session", "distnb.rank.engine")),
+        ("ipywidgets", ("distnb.views",)),
+        ("matplotlib", ("distnb.views",)),
+    ):
+        for name, path in MODULES.items():
+            if any(t.split(".")[0] == prefix for t, _ in imports(path)):
+                assert name.startswith(home), f"{name} imports {prefix}"
+
+
+def test_modules_stay_small() -> None:
+    big = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not big, f"split these modules (over {MAX_LINES} lines): {big}"
