@@ -1,26 +1,39 @@
 """Benchmark the overflow tracer against transformers' DebugUnderflowOverflow (DUO).
 
-Run:  .venv/bin/python bench/bench_overflow.py [--quick]
+Run:  .venv/bin/python bench/bench_overflow.py [--quick] [--runs N] [--models t5,mlp,...]
 
-A small T5 (random weights, built from a config: no download) and an MLP, on CPU, one thread;
-the same inputs for every variant. One step = forward + backward + zero_grad. Each variant runs on
-its own copy of the model with its hooks attached throughout; rounds run one step of each, in a
-shuffled order, so that a busy neighbour slows them all alike. Variants:
+Models, on CPU with one torch thread, random weights (no download), the same inputs for every
+variant; one step = forward + backward + zero_grad:
 
-- base:   no hooks;
-- DUO:    `DebugUnderflowOverflow(model)`: forward hooks only (inputs, outputs, own weights);
-- distnb: `distnb.overflow.watch(model, stats=...)` for each of `auto` (default), `fast`, `full`:
-          forward (inputs, outputs, own weights) + backward (gradient into each module output)
-          + each parameter's `.grad`. So distnb watches about twice as many tensors as DUO.
+- `t5`: a small T5 (d_model 256, 2+2 layers, batch 4x64), built from a config;
+- `mlp`: 4 x [512 -> 1024, GELU, Dropout, 1024 -> 512], batch 128;
+- `6x256`, `12x64`, `4x1024`: Linear+GELU pairs (depth x width), batch 64, 16 and 128: models
+  made of many small modules, where a fixed cost per hook call shows (issue 13).
 
-Target: distnb's overhead <= 0.25x DUO's, i.e. (distnb - base) / (DUO - base) <= 0.25.
+Variants, each on its own copy of the model with its hooks attached throughout:
 
-Host syncs per step are counted in a separate, untimed pass, through a `TorchFunctionMode` that
-counts every tensor method that hands a value to Python: `item`, `tolist`, `__format__` (DUO's
-f-strings of 0-d tensors), `__bool__`, `__float__`, `__int__`, `numpy`, `cpu`. DUO makes 4 per
-tensor: two `__format__` (abs min, abs max) and two `.item()` (isnan/isinf `any`). On CPU these
-do not wait for a device, so the counts are what they would cost on a GPU, where each one stalls
-the launch queue.
+- `base`: no hooks; `base again`: a second unwatched copy, the control: its ratio is the noise;
+- `DUO`: `DebugUnderflowOverflow(model)`: forward hooks only (inputs, outputs, own weights);
+- `distnb`: `distnb.overflow.watch(model)`, the default: `fast` statistics of the forward
+  (inputs, outputs, own weights), backward (gradient into each module output) and each
+  parameter's `.grad`: about twice as many tensors as DUO;
+- `distnb fwd`: `watch(model, phases=("forward",))`: what DUO watches;
+- `distnb auto`, `distnb full`: the other statistics modes, fwd+bwd+grad.
+
+Timing: a run warms every variant up, then runs rounds; a round steps each variant once, in a
+shuffled order, so that a busy neighbour slows them all alike. Per variant and run: the median
+thread CPU time of a step; overhead ratio = (variant - base) / (DUO - base). Printed: the median
+ratio over runs and its spread (min-max). Targets (issue 13): distnb <= 0.25, distnb fwd <= 0.15.
+
+Host syncs per step are counted in an untimed pass, through a `TorchFunctionMode` that counts
+every tensor method that hands a value to Python: `item`, `tolist`, `__format__` (DUO's f-strings
+of 0-d tensors), `__bool__`, `__float__`, `__int__`, `numpy`, `cpu`. DUO makes 4 per tensor. On
+CPU these do not wait for a device; on a GPU each one stalls the launch queue.
+
+Peak memory, in another untimed pass: the bytes live at the peak of one step, from the profiler's
+allocation events (what the step allocates above what was live before it) plus what was live
+before it (parameters, buffers and the watch's own statistics buffers), for a training step and
+for an eval step (forward under `no_grad`). Target: distnb within 5% of base.
 """
 
 from __future__ import annotations
@@ -33,13 +46,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile
 
 import distnb.overflow as overflow
+
+LossOf = Callable[[nn.Module], torch.Tensor]
+TARGETS = {"distnb": 0.25, "distnb fwd": 0.15}
+MEMORY_TARGET = 0.05
 
 READBACKS = {
     torch.Tensor.item,
@@ -66,7 +85,10 @@ class CountReadbacks(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def t5_model() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+# -- models -------------------------------------------------------------------------------------
+
+
+def t5_model() -> tuple[nn.Module, LossOf]:
     from transformers import T5Config, T5ForConditionalGeneration
 
     cfg = T5Config(  # type: ignore[call-arg]
@@ -86,7 +108,7 @@ def t5_model() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     return model, lambda m: m(input_ids=ids, labels=labels).loss
 
 
-def mlp_model() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+def mlp_model() -> tuple[nn.Module, LossOf]:
     layers: list[nn.Module] = []
     for _ in range(4):
         layers += [nn.Linear(512, 1024), nn.GELU(), nn.Dropout(0.1), nn.Linear(1024, 512)]
@@ -95,18 +117,45 @@ def mlp_model() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     return model, lambda m: m(x).square().mean()
 
 
-def step(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> None:
-    loss_of(model).backward()  # type: ignore[no-untyped-call]
-    model.zero_grad(set_to_none=True)
+def gelu_stack(depth: int, width: int, batch: int) -> Callable[[], tuple[nn.Module, LossOf]]:
+    def build() -> tuple[nn.Module, LossOf]:
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.GELU()]
+        x = torch.randn(batch, width, generator=torch.Generator().manual_seed(0))
+        return nn.Sequential(*layers), lambda m: m(x).square().mean()
+
+    return build
 
 
+@dataclass(frozen=True)
+class Model:
+    key: str
+    title: str
+    build: Callable[[], tuple[nn.Module, LossOf]]
+    rounds: int  # timed rounds per run: more for fast steps, whose medians are noisier
+
+
+MODELS = (
+    Model("t5", "T5 (d_model 256, 2+2 layers, batch 4x64)", t5_model, 20),
+    Model("mlp", "MLP (4 x [512->1024->512], batch 128)", mlp_model, 30),
+    Model("6x256", "Linear+GELU 6 x 256, batch 64", gelu_stack(6, 256, 64), 150),
+    Model("12x64", "Linear+GELU 12 x 64, batch 16", gelu_stack(12, 64, 16), 250),
+    Model("4x1024", "Linear+GELU 4 x 1024, batch 128", gelu_stack(4, 1024, 128), 25),
+)
+
+
+# -- variants -----------------------------------------------------------------------------------
+
+
+@dataclass
 class Variant:
     """One way of running the model, on its own copy of it, hooks attached for the whole run."""
 
-    def __init__(self, name: str, model: nn.Module) -> None:
-        self.name, self.model = name, model
-        self.times: list[float] = []
-        self.cpu: list[float] = []
+    name: str
+    model: nn.Module
+    watch: Any = None
+    cpu: list[list[float]] = field(default_factory=list)  # per run, per timed step
 
 
 def make_variants(model: nn.Module) -> list[Variant]:
@@ -114,34 +163,44 @@ def make_variants(model: nn.Module) -> list[Variant]:
 
     duo = copy.deepcopy(model)
     DebugUnderflowOverflow(duo)  # type: ignore[no-untyped-call]  # hooks stay: its own copy
-    variants = [Variant("base", model), Variant("DUO", duo)]
-    for stats in ("auto", "fast", "full"):
+    variants = [
+        Variant("base", model),
+        Variant("base again", copy.deepcopy(model)),
+        Variant("DUO", duo),
+    ]
+    for name, options in (
+        ("distnb", {}),
+        ("distnb fwd", {"phases": ("forward",)}),
+        ("distnb auto", {"stats": "auto"}),
+        ("distnb full", {"stats": "full"}),
+    ):
         ours = copy.deepcopy(model)
-        overflow.watch(ours, stats=stats)
-        variants.append(Variant(f"distnb {stats}", ours))
+        variants.append(Variant(name, ours, overflow.watch(ours, **options)))
     return variants
 
 
-def time_variants(
-    variants: list[Variant], loss_of: Callable[[nn.Module], torch.Tensor], rounds: int
-) -> None:
-    """One step of each variant per round, in a shuffled order: a busy neighbour or a cold cache
-    then costs every variant alike."""
+def step(model: nn.Module, loss_of: LossOf) -> None:
+    loss_of(model).backward()  # type: ignore[no-untyped-call]
+    model.zero_grad(set_to_none=True)
+
+
+def time_run(variants: list[Variant], loss_of: LossOf, rounds: int, seed: int) -> None:
+    """One run: warm-up, then `rounds` rounds of one step per variant in a shuffled order."""
     for v in variants:
         for _ in range(3):  # warm up; `auto` learns which tensors need more statistics
             step(v.model, loss_of)
+        v.cpu.append([])
     order = list(variants)
-    rnd = random.Random(0)
+    rnd = random.Random(seed)
     for _ in range(rounds):
         rnd.shuffle(order)
         for v in order:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            c0 = time.thread_time()
             step(v.model, loss_of)
-            v.cpu.append(time.thread_time() - c0)
-            v.times.append(time.perf_counter() - t0)
+            v.cpu[-1].append(time.thread_time() - c0)
 
 
-def readbacks_per_step(v: Variant, loss_of: Callable[[nn.Module], torch.Tensor]) -> float:
+def readbacks_per_step(v: Variant, loss_of: LossOf) -> float:
     n_steps = 4
     counter = CountReadbacks()
     with counter:
@@ -150,46 +209,112 @@ def readbacks_per_step(v: Variant, loss_of: Callable[[nn.Module], torch.Tensor])
     return counter.n / n_steps
 
 
-def bench(name: str, build: Callable[[], Any], rounds: int) -> dict[str, float]:
+def peak_bytes(v: Variant, run: Callable[[], object]) -> int:
+    """Bytes live at the peak of `run()`: what it allocates above its start, from the profiler's
+    allocation events, plus what was live before it (see the module docstring)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None
+    events = prof.profiler.kineto_results.events()
+    deltas = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in deltas:
+        live += nbytes
+        peak = max(peak, live)
+    held = [*v.model.parameters(), *v.model.buffers()]
+    before = sum(t.numel() * t.element_size() for t in held)
+    return before + peak + (v.watch.buffer_bytes if v.watch is not None else 0)
+
+
+def memory(v: Variant, loss_of: LossOf) -> tuple[int, int]:
+    """(peak bytes of a training step, of an eval step)."""
+
+    def evaluate() -> None:
+        with torch.no_grad():
+            loss_of(v.model)
+
+    step(v.model, loss_of)
+    evaluate()
+    return peak_bytes(v, lambda: step(v.model, loss_of)), peak_bytes(v, evaluate)
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def ratios(variants: list[Variant]) -> dict[str, list[float]]:
+    """Per variant, the overhead ratio to DUO's of each run."""
+    out: dict[str, list[float]] = {v.name: [] for v in variants}
+    by_name = {v.name: v for v in variants}
+    for run in range(len(variants[0].cpu)):
+        med = {v.name: statistics.median(v.cpu[run]) for v in variants}
+        duo = med["DUO"] - med["base"]
+        for v in variants:
+            out[v.name].append((med[v.name] - med["base"]) / duo)
+    assert by_name
+    return out
+
+
+def bench(m: Model, runs: int, rounds: int) -> list[str]:
     torch.manual_seed(0)
-    model, loss_of = build()
+    model, loss_of = m.build()
     variants = make_variants(model)
-    time_variants(variants, loss_of, rounds)
-    cpu = {v.name: statistics.median(v.cpu) * 1e3 for v in variants}
-    wall = {v.name: statistics.median(v.times) * 1e3 for v in variants}
+    for run in range(runs):
+        time_run(variants, loss_of, rounds, seed=run)
+    over = ratios(variants)
+    peaks = {v.name: memory(v, loss_of) for v in variants}
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"\n{name}: {n_params / 1e6:.2f} M parameters, {rounds} timed steps per variant")
+    print(f"\n{m.title}: {n_params / 1e6:.2f} M parameters; {runs} runs x {rounds} rounds")
     print(
-        f"  {'variant':12s} {'CPU ms':>8s} {'+ms':>7s} {'vs DUO':>7s}"
-        f" {'wall ms':>8s} {'+ms':>7s} {'vs DUO':>7s} {'syncs/step':>11s}"
+        f"  {'variant':12s} {'CPU ms':>8s} {'+ms':>7s} {'vs DUO':>7s} {'[min, max]':>14s}"
+        f" {'syncs/step':>10s} {'train MiB':>10s} {'+%':>6s} {'eval MiB':>9s} {'+%':>6s}"
     )
+    misses = []
+    base_ms = statistics.median(statistics.median(r) for r in variants[0].cpu) * 1e3
     for v in variants:
-        cells = [f"  {v.name:12s}"]
-        for med in (cpu, wall):
-            over = med[v.name] - med["base"]
-            ratio = over / (med["DUO"] - med["base"])
-            cells.append(f"{med[v.name]:8.1f} {over:7.1f} {ratio:7.2f}")
-        if v.name != "base":
-            cells.append(f"{readbacks_per_step(v, loss_of):11.1f}")
+        ms = statistics.median(statistics.median(r) for r in v.cpu) * 1e3
+        r = over[v.name]
+        cells = [f"  {v.name:12s} {ms:8.2f} {ms - base_ms:7.2f}"]
+        cells.append(f"{statistics.median(r):7.2f} [{min(r):5.2f}, {max(r):5.2f}]")
+        syncs = "" if v.name.startswith("base") else f"{readbacks_per_step(v, loss_of):.1f}"
+        cells.append(f"{syncs:>10s}")
+        for i in (0, 1):
+            mib, base_mib = peaks[v.name][i] / 2**20, peaks["base"][i] / 2**20
+            cells.append(f"{mib:10.1f} {100 * (mib / base_mib - 1):+5.1f}%")
         print(" ".join(cells))
-    return cpu
+        target = TARGETS.get(v.name)
+        if target is not None and statistics.median(r) > target:
+            misses.append(f"{m.key}: {v.name} {statistics.median(r):.2f} > {target}")
+        worst = max(peaks[v.name][i] / peaks["base"][i] - 1 for i in (0, 1))
+        if v.name in TARGETS and worst > MEMORY_TARGET:
+            misses.append(f"{m.key}: {v.name} peak memory +{100 * worst:.1f}%")
+    return misses
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 run, few rounds")
+    parser.add_argument("--runs", type=int, default=5, help="runs per model (default 5)")
+    parser.add_argument(
+        "--models",
+        default=",".join(m.key for m in MODELS),
+        help="comma-separated, of: " + ", ".join(m.key for m in MODELS),
+    )
     args = parser.parse_args(argv)
     print("$", shlex.join([sys.executable, *sys.argv]))
     torch.set_num_threads(1)  # the machine is shared: one thread keeps medians steady
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, CPU")
-    rounds = 8 if args.quick else 60
-    bench("T5 (d_model 256, 2+2 layers, batch 4x64)", t5_model, rounds)
-    bench("MLP (4 x [512->1024->512], batch 128)", mlp_model, rounds)
+    keys = args.models.split(",")
+    misses = []
+    for m in MODELS:
+        if m.key in keys:
+            runs, rounds = (1, max(3, m.rounds // 10)) if args.quick else (args.runs, m.rounds)
+            misses += bench(m, runs, rounds)
     print(
-        "\nCPU ms: median thread CPU time per step (steadier than wall time on a shared"
-        " machine); +ms: over base; vs DUO = (variant - base) / (DUO - base), target for distnb"
-        " <= 0.25. DUO watches forward only; distnb forward + backward + .grad."
+        "\nCPU ms: median over runs of the median thread CPU time per step; vs DUO = (variant -"
+        " base) / (DUO - base), median over runs [min, max]; `base again` is the control."
+        " Targets: distnb <= 0.25, distnb fwd <= 0.15, peak memory within 5% of base."
     )
+    print("Misses: " + ("; ".join(misses) if misses else "none"))
 
 
 if __name__ == "__main__":

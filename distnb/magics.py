@@ -137,7 +137,7 @@ class DistMagics(Magics):
     @argument("--trace-batches", default="", help="steps whose every frame is kept, e.g. 1,3")
     @argument("--abort-after", type=str, default=None, help="stop the ranks after step N")
     @argument("--stop", action="store_true", help="stop the ranks at the first NaN/Inf")
-    @argument("--stats", default="fast", help="fast, auto (with counts) or full")
+    @argument("--stats", default="fast", help="fast (default), auto (+ counts) or full")
     @argument("--detach", action="store_true", help="remove the trace from NAME")
     @argument("--report", action="store_true", help="show every trace's report")
     @line_magic

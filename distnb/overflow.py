@@ -4,7 +4,7 @@ This module imports torch; `import distnb` does not import it. On a rank (or in 
 
     import distnb.overflow
 
-    w = distnb.overflow.watch(model, stop_on_nonfinite=True)
+    w = distnb.overflow.watch(model, stop_on_nonfinite=True)   # stats="fast" by default
     ...train...
     w.report()       # a RankOverflowReport; summarize() lines several ranks' reports up
     w.detach()
@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from distnb.errors import NonFiniteError, OverflowStop
 from distnb.rank.overflow import Watch, detect, watch
-from distnb.records.overflow import CrossRankSummary, Frame, RankOverflowReport, summarize
+from distnb.records.overflow import (
+    CrossRankSummary,
+    Frame,
+    RankOverflowReport,
+    Stats,
+    WatchOptions,
+    summarize,
+)
 
 __all__ = [
     "CrossRankSummary",
@@ -25,7 +32,9 @@ __all__ = [
     "NonFiniteError",
     "OverflowStop",
     "RankOverflowReport",
+    "Stats",
     "Watch",
+    "WatchOptions",
     "detect",
     "summarize",
     "watch",

@@ -22,6 +22,9 @@ Terms:
 Counts are `None` where the tracer did not measure them (its `fast` statistics, or the first step a
 tensor showed zeros or non-finite values under `auto`); `min_nonzero` likewise.
 
+`WatchOptions` is how a watch was asked for; `validated()` checks it once, in the kernel for
+`%dist_overflow` and `Session.overflow`, on the rank for `distnb.overflow.watch`.
+
 Records hold no tensors and import no torch; `to_dict` output is strict JSON (non-finite floats
 are written as the strings "nan", "inf", "-inf").
 """
@@ -29,10 +32,12 @@ are written as the strings "nan", "inf", "-inf").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
+from distnb.errors import ConfigError
 from distnb.ranklist import format_ranks
 from distnb.records.codec import Record
 
@@ -41,6 +46,9 @@ __all__ = [
     "Frame",
     "Phase",
     "RankOverflowReport",
+    "Stats",
+    "StepOn",
+    "WatchOptions",
     "summarize",
 ]
 
@@ -51,6 +59,125 @@ class Phase(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     GRAD = "grad"
+
+
+class Stats(str, Enum):
+    """How much the tracer measures per tensor (`distnb.rank.overflow` says what each costs).
+
+    - `fast` (default): the largest `|x|` (so headroom, and whether NaN/Inf is there) in one
+      read-only pass; counts only where that proves them.
+    - `auto`: also every count the smallest `|x|` proves, and the missing ones from the next step
+      on where it does not (about twice `fast`'s cost).
+    - `full`: every count, every time.
+    """
+
+    FAST = "fast"
+    AUTO = "auto"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class StepOn(str, Enum):
+    """What ends a step: the root module's next forward, or only `Watch.step()`."""
+
+    FORWARD = "forward"
+    EXPLICIT = "explicit"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions(Record):
+    """How to watch a model: `distnb.overflow.watch`'s keyword arguments, as one record.
+
+    - `frames`: how many frames (tensors seen) to keep before the first non-finite one.
+    - `trace_batches`: steps whose every frame is kept (`report().traced`).
+    - `abort_after`: stop (raise `OverflowStop`, hooks removed) once this step has run.
+    - `phases`: any of `forward`, `backward`, `grad`.
+    - `rank`: None: the process group's rank, else 0.
+    - `headroom_warn_bits`: warn (`DistnbWarning`, once per module and phase) when an fp16/bf16
+      value is within this many doublings of its dtype's max.
+    - `stats`: `fast`, `auto` or `full` (see `Stats`).
+    - `step_on`: `forward` (each root forward starts a step) or `explicit` (`Watch.step()` ends
+      steps; root forwards in between are micro-steps).
+    - `stop_on_nonfinite`: raise `NonFiniteError` at the first read-back that finds NaN/Inf.
+
+    Example::
+
+        WatchOptions(frames=5, stats="auto").validated().stats   # Stats.AUTO
+    """
+
+    frames: int = 21
+    trace_batches: tuple[int, ...] = ()
+    abort_after: int | None = None
+    phases: tuple[Phase, ...] = (Phase.FORWARD, Phase.BACKWARD, Phase.GRAD)
+    rank: int | None = None
+    headroom_warn_bits: float = 4.0
+    stats: Stats = Stats.FAST
+    step_on: StepOn = StepOn.FORWARD
+    stop_on_nonfinite: bool = False
+
+    @classmethod
+    def of(cls, **options: Any) -> WatchOptions:
+        """Validated options from keyword arguments; an unknown name is a `ConfigError`."""
+        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
+        if unknown:
+            known = ", ".join(cls.__dataclass_fields__)
+            raise ConfigError(f"unknown overflow option(s) {', '.join(unknown)}; known: {known}")
+        return cls(**options).validated()
+
+    def validated(self) -> WatchOptions:
+        """These options with their values checked and normalised (enums, sorted steps)."""
+        asked = _items(self.phases, "phases")
+        known = {p.value for p in Phase}
+        if not asked or any(p not in known for p in asked):
+            raise ConfigError(f"phases must be some of {_values(Phase)}; got {asked!r}")
+        _whole(self.frames, "frames", 1)
+        steps = {_whole(s, "trace_batches", 0) for s in _items(self.trace_batches, "trace_batches")}
+        for name in ("abort_after", "rank"):
+            if getattr(self, name) is not None:
+                _whole(getattr(self, name), name, 0)
+        if not isinstance(self.stop_on_nonfinite, bool):
+            raise ConfigError(
+                f"stop_on_nonfinite must be True or False; got {self.stop_on_nonfinite!r}"
+            )
+        bits = self.headroom_warn_bits
+        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not bits >= 0:
+            raise ConfigError(f"headroom_warn_bits must be a number >= 0; got {bits!r}")
+        return replace(
+            self,
+            phases=tuple(p for p in Phase if p in asked),
+            trace_batches=tuple(sorted(steps)),
+            headroom_warn_bits=float(bits),
+            stats=_member(Stats, self.stats, "stats"),
+            step_on=_member(StepOn, self.step_on, "step_on"),
+        )
+
+
+def _values(enum: type[Enum]) -> str:
+    return ", ".join(repr(m.value) for m in enum)
+
+
+def _member(enum: type[Any], value: object, name: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be one of {_values(enum)}; got {value!r}") from None
+
+
+def _items(value: object, name: str) -> tuple[object, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name} must be a list; got {value!r}")
+    return tuple(value)
+
+
+def _whole(value: object, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name} must be a whole number >= {least}; got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +261,11 @@ class RankOverflowReport(Record):
     traced: tuple[Frame, ...] = ()
     headroom: tuple[Frame, ...] = ()
     stopped: str = ""
-    stats: str = "auto"
+    stats: Stats = Stats.FAST
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stats, Stats):  # "auto" as a plain string reads as Stats.AUTO
+            object.__setattr__(self, "stats", Stats(self.stats))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import itertools
 import math
 import pickle
+import weakref
 from typing import Any, ClassVar
 
 import pytest
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import distnb.overflow as overflow
 from distnb.errors import ConfigError, DistnbWarning, NonFiniteError, OverflowStop
 from distnb.rank import overflow as rank_overflow
-from distnb.rank.overflow_stats import ALL, decode, limits, stats_kernel
-from distnb.records.overflow import Phase, RankOverflowReport
+from distnb.rank.overflow.stats import ALL, decode, decode_signed, limits, stats_kernel
+from distnb.records.overflow import Phase, RankOverflowReport, Stats, WatchOptions
 
 
 def mlp(*widths: int) -> nn.Sequential:
@@ -59,6 +61,33 @@ class GatedFF(nn.Module):
         return self.wo(self.dropout(h))
 
 
+class Poison(nn.Module):
+    """Puts a NaN into its output, the way an overflowing op would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y[0, 0] = math.nan
+        return y
+
+
+class Clean(nn.Module):
+    """Replaces NaN with 0 (in place or not): the NaN is gone by the next module's output."""
+
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.in_place = in_place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.nan_to_num_() if self.in_place else torch.nan_to_num(x)
+
+
+def gelu_mlp(pairs: int, width: int = 8) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for _ in range(pairs):
+        layers += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*layers)
+
+
 # -- the statistics themselves ------------------------------------------------------------------
 
 
@@ -95,6 +124,22 @@ def test_full_statistics_match_a_bool_mask_reference(dtype: torch.dtype, with_na
     assert math.isnan(got.abs_max) if with_nan else got.abs_max == amax
 
 
+def test_signed_statistics_prove_counts_only_where_they_can() -> None:
+    lim = limits(torch.float32)
+    some_inf = decode_signed(-math.inf, 2.0, lim.tiny, 10)
+    assert (some_inf.abs_max, some_inf.nan, some_inf.inf, some_inf.abs_min) == (
+        math.inf,
+        0,
+        None,
+        None,
+    )
+    all_inf = decode_signed(-math.inf, -math.inf, lim.tiny, 10)
+    assert (all_inf.nan, all_inf.inf, all_inf.zeros) == (0, 10, 0)
+    positive = decode_signed(0.5, 2.0, lim.tiny, 10)
+    assert (positive.abs_min, positive.nan, positive.inf, positive.zeros) == (0.5, 0, 0, 0)
+    assert math.isnan(decode_signed(math.nan, math.nan, lim.tiny, 10).abs_max)
+
+
 def test_base_statistics_prove_counts_or_leave_them_open() -> None:
     lim = limits(torch.float32)
     clean = decode(10, 0, lim.tiny, lim.max, [0.5, 2.0], [])
@@ -125,7 +170,9 @@ def test_inf_produced_in_a_layers_forward_is_named() -> None:
         Phase.FORWARD,
         "output",
     )
-    assert r.first.inf is None or r.first.inf > 0  # counts come from the next step on (auto)
+    # `fast` statistics: every value is +Inf, so the smallest |x| is Inf and proves the counts.
+    assert (r.first.nan, r.first.inf, r.first.zeros) == (0, 24, 0)
+    assert r.first.describe() == "0 NaN, 24 Inf of 24 values"
     assert r.ring[-1] == r.first and len(r.ring) == 5
     assert all(not f.nonfinite for f in r.ring[:-1])
     assert [f.name for f in r.ring[-4:-1]] == ["weight", "bias", "input[0]"]
@@ -160,6 +207,50 @@ def test_nan_first_appearing_in_a_gradient() -> None:
     assert first is not None
     assert (first.module, first.phase, first.name) == ("1", Phase.GRAD, "w.grad")
     assert math.isnan(first.abs_max)
+    w.detach()
+
+
+@pytest.mark.parametrize("stats", list(Stats))
+@pytest.mark.parametrize("in_place", [False, True])
+def test_nan_cleaned_by_the_next_module_is_still_named(stats: Stats, in_place: bool) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), Poison(), Clean(in_place), nn.Linear(4, 2))
+    w = overflow.watch(model, stats=stats, trace_batches=[0])
+    train_step(model, torch.randn(3, 4))
+    w.step()
+    r = w.report()
+    assert r.first is not None and r.first.step == 0
+    assert r.first.where == "1 (Poison) forward output" and math.isnan(r.first.abs_max)
+    forward = {(f.module, f.name): f for f in r.traced if f.phase is Phase.FORWARD}
+    assert not forward[("2", "output")].nonfinite  # gone by the next module's output
+    assert not forward[("3", "input[0]")].nonfinite and not forward[("3", "output")].nonfinite
+    w.detach()
+
+
+def test_inference_tensors_and_leaf_outputs_are_watched() -> None:
+    model = nn.Sequential(nn.Identity(), nn.Linear(4, 2))
+    w = overflow.watch(model, trace_batches=[0, 1])
+    x = torch.randn(3, 4, requires_grad=True)  # Identity returns this leaf: no grad_fn to hook
+    model(x).sum().backward()
+    with torch.inference_mode():  # tensors without a version counter
+        model(torch.randn(3, 4))
+    w.step()
+    frames = {(f.step, f.module, f.phase, f.name) for f in w.report().traced}
+    assert (0, "0", Phase.BACKWARD, "grad_output") in frames
+    assert (1, "1", Phase.FORWARD, "output") in frames
+    w.detach()
+
+
+def test_the_watch_keeps_no_activation_alive() -> None:
+    model = gelu_mlp(4, width=64)
+    alive: list[weakref.ref[torch.Tensor]] = []
+    for m in model:
+        m.register_forward_hook(lambda m, a, out: alive.append(weakref.ref(out)))
+    w = overflow.watch(model)
+    with torch.no_grad():  # eval: nothing is saved for backward, each output dies at once
+        out = model(torch.randn(16, 64))
+    assert [r() is None for r in alive] == [True] * (len(alive) - 1) + [False]
+    assert alive[-1]() is out
+    assert w.buffer_bytes < 4096  # a few scalars a tensor, nothing shaped like the model's
     w.detach()
 
 
@@ -217,6 +308,7 @@ class CountReadbacks(TorchFunctionMode):
 
     METHODS: ClassVar = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__}
     METHODS |= {torch.Tensor.__float__, torch.Tensor.__format__, torch.Tensor.cpu}
+    METHODS |= {torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.numpy}
 
     def __init__(self) -> None:
         super().__init__()
@@ -231,7 +323,7 @@ class CountReadbacks(TorchFunctionMode):
 def test_exactly_one_readback_per_step(stats: str) -> None:
     model = mlp(4, 16, 16, 2)
     x = torch.randn(8, 4)
-    w = overflow.watch(model, stats=stats)  # type: ignore[arg-type]
+    w = overflow.watch(model, stats=stats)
     with CountReadbacks() as counter:
         for _ in range(4):
             train_step(model, x)
@@ -239,6 +331,32 @@ def test_exactly_one_readback_per_step(stats: str) -> None:
     assert w.readbacks == 4
     assert counter.n == 4  # no other host sync anywhere in the tracer
     assert w.report().steps == 4
+    w.detach()
+
+
+class CountScalarReads(TorchDispatchMode):
+    """Counts the aten ops that copy a tensor's value to the host (`item`, `bool`, `float`...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.n += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_of_many_modules_makes_one_host_sync() -> None:
+    model = gelu_mlp(40)  # 81 modules: 81 forward hooks, 81 gradients, 80 .grad per step
+    w = overflow.watch(model)
+    with CountReadbacks() as methods, CountScalarReads() as scalars:
+        for _ in range(2):
+            train_step(model, torch.randn(4, 8))
+        w.step()
+    assert w.readbacks == 2 and w.report().steps == 2
+    assert methods.n == 2  # the step's one `.tolist()`: nothing else reads a value back
+    assert scalars.n == 0  # no `.item()`/`bool()` per tensor underneath either
+    assert len(w.report().ring) == 21
     w.detach()
 
 
@@ -351,7 +469,16 @@ def test_bad_arguments_name_the_fix() -> None:
     with pytest.raises(ConfigError, match="phases must be some of"):
         overflow.watch(model, phases=("forwards",))
     with pytest.raises(ConfigError, match="stats must be"):
-        overflow.watch(model, stats="everything")  # type: ignore[arg-type]
+        overflow.watch(model, stats="everything")
+
+
+def test_a_watch_takes_its_options_as_one_record() -> None:
+    model = mlp(4, 2)
+    w = overflow.Watch(model, WatchOptions.of(stats="auto", phases=("grad",)))
+    assert w.options.stats is Stats.AUTO and w.options.phases == (Phase.GRAD,)
+    assert w.report().stats is Stats.AUTO
+    w.detach()
+    assert overflow.watch(model).options == WatchOptions(rank=None).validated()
 
 
 def test_named_registry_replaces_and_detaches() -> None:

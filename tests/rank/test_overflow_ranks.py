@@ -55,6 +55,9 @@ def _rank_main(rank: int, tmp: str) -> None:
         w.step()
         w.detach()
         Path(tmp, f"rank{rank}.json").write_text(json.dumps(w.report().to_dict()))
+        # Both ranks done before either tears gloo down: without it, one rank's teardown now and
+        # then aborted the other ("terminate called without an active exception", SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

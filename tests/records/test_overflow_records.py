@@ -6,11 +6,17 @@ import json
 import math
 from dataclasses import replace
 
+import pytest
+
+from distnb.errors import ConfigError
 from distnb.records.overflow import (
     CrossRankSummary,
     Frame,
     Phase,
     RankOverflowReport,
+    Stats,
+    StepOn,
+    WatchOptions,
     summarize,
 )
 
@@ -102,7 +108,7 @@ def test_records_round_trip_through_strict_json() -> None:
         traced=(frame(order=1), frame(order=2, phase=Phase.BACKWARD, name="grad_output")),
         headroom=(frame(headroom_bits=1.5),),
         stopped="nonfinite",
-        stats="full",
+        stats=Stats.FULL,
     )
     text = json.dumps(r.to_dict(), allow_nan=False)
     back = RankOverflowReport.from_dict(json.loads(text))
@@ -112,3 +118,38 @@ def test_records_round_trip_through_strict_json() -> None:
     s = summarize([r, report(0, frame(step=5, bad=True))])
     s_back = CrossRankSummary.from_dict(json.loads(json.dumps(s.to_dict(), allow_nan=False)))
     assert (s_back.first_rank, s_back.received, s_back.ranks) == (1, (0,), (0, 1))
+
+
+def test_watch_options_are_validated_once_into_enums() -> None:
+    o = WatchOptions.of(
+        phases=["grad", "forward"], trace_batches=[3, 1, 3], stats="auto", step_on="explicit"
+    )
+    assert o.phases == (Phase.FORWARD, Phase.GRAD)  # in step order, whatever order was asked
+    assert (o.trace_batches, o.stats, o.step_on) == ((1, 3), Stats.AUTO, StepOn.EXPLICIT)
+    assert o.validated() == o and WatchOptions().validated().stats is Stats.FAST
+    assert WatchOptions.from_dict(json.loads(json.dumps(o.to_dict()))) == o
+    assert str(Stats.FULL) == "full" and f"{Stats.AUTO} statistics" == "auto statistics"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stats": "everything"}, "stats must be one of 'fast', 'auto', 'full'; got 'everything'"),
+        ({"phases": ("forwards",)}, "phases must be some of 'forward', 'backward', 'grad'"),
+        ({"phases": ()}, "phases must be some of"),
+        ({"phases": "forward"}, "phases must be a list; got 'forward'"),
+        ({"frames": 0}, "frames must be a whole number >= 1; got 0"),
+        ({"trace_batches": [-1]}, "trace_batches must be a whole number >= 0; got -1"),
+        ({"abort_after": 1.5}, "abort_after must be a whole number >= 0; got 1.5"),
+        ({"headroom_warn_bits": -1}, "headroom_warn_bits must be a number >= 0; got -1"),
+        ({"step_on": "backward"}, "step_on must be one of 'forward', 'explicit'"),
+        ({"stop_on_nonfinite": "yes"}, "stop_on_nonfinite must be True or False; got 'yes'"),
+        ({"frame": 3}, "unknown overflow option(s) frame; known: frames, trace_batches"),
+    ],
+)
+def test_bad_watch_options_name_the_option_the_range_and_the_value(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        WatchOptions.of(**options)
+    assert message in str(info.value)

@@ -1,8 +1,8 @@
-"""The overflow tracer's arithmetic: per-tensor statistics on the device, one readback per step.
+"""The overflow tracer's arithmetic: one tensor's statistics on its device, and their decoding.
 
 `stats_kernel` computes a tensor's statistics as 0-d tensors on its own device (no host sync);
-`StepBuffer` collects them for a step and reads them all back with one `.tolist()` per device;
-`decode` turns the floats into counts, filling in every count that the cheap statistics prove.
+`distnb.rank.overflow.buffer` collects them for a step and reads them back at once; `decode`
+turns the floats into counts, filling in every count that the cheap statistics prove.
 
 Statistic groups (bit flags), on top of the base smallest and largest `|x|` (two passes: `abs`
 then `aminmax`; with `SIGNED` alone, `aminmax(x)` in one read-only pass instead, which gives the
@@ -32,9 +32,12 @@ __all__ = [
     "UNDER",
     "ZEROS",
     "Decoded",
+    "Limits",
     "Scratch",
-    "StepBuffer",
     "decode",
+    "decode_signed",
+    "limits",
+    "stats_kernel",
 ]
 
 ZEROS = 1
@@ -42,8 +45,6 @@ UNDER = 2
 NONFINITE = 4
 ALL = ZEROS | UNDER | NONFINITE
 SIGNED = 8  # alone: the base is `aminmax(x)`, one read-only pass, instead of |x|'s
-
-Key = tuple[torch.device, torch.dtype]
 
 
 class Limits(NamedTuple):
@@ -82,6 +83,7 @@ def stats_kernel(
     tiny: float,
     scratch: Sequence[torch.Tensor] = (),
     fmax_t: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Statistics of `x` as 0-d tensors on its device: (values in x's dtype, float32 counts).
 
@@ -89,10 +91,11 @@ def stats_kernel(
     (`isnan`, `==`), which produce bool tensors that reduce slowly. `scratch`: two buffers shaped
     like `x` for the temporaries (see `Scratch`); without them each temporary is allocated.
     `fmax_t`: a 0-d tensor holding the dtype's max on x's device (made here if not given).
+    `out`: two 0-d tensors to write the smallest and largest `|x|` into.
     """
     a_out, t_out = (scratch[0], scratch[1]) if scratch else (None, None)
     a = torch.abs(x, out=a_out)
-    lo, hi = torch.aminmax(a)
+    lo, hi = torch.aminmax(a) if out is None else torch.aminmax(a, out=out)
     values: list[Any] = [lo, hi]
     if not groups:
         return values, []
@@ -134,7 +137,7 @@ def decode(
     if not groups and lo > 0 and hi < math.inf:  # the common case, for every tensor and step
         return Decoded(lo, hi, lo, 0, 0, 0, 0 if lo >= tiny else None)
     if groups == SIGNED:
-        return _decode_signed(lo, hi, tiny)
+        return decode_signed(lo, hi, tiny, numel)
     nan = inf = zeros = under = nonzero = None
     min_nz: float | None = lo if lo > 0 else None
     ci = 0
@@ -163,13 +166,17 @@ def decode(
     return Decoded(lo, hi, min_nz, nan, inf, zeros, under)
 
 
-def _decode_signed(lo: float, hi: float, tiny: float) -> Decoded:
-    """From the signed min and max alone: |x| max, and |x| min only when the signs agree."""
+def decode_signed(lo: float, hi: float, tiny: float, numel: int) -> Decoded:
+    """From the signed min and max alone: |x| max, and |x| min only when the signs agree.
+
+    `aminmax` propagates NaN, so finite (or infinite) bounds mean no NaN; the Inf count is known
+    when there is none, or when the smallest |x| is Inf itself (every value is).
+    """
     if math.isnan(lo) or math.isnan(hi):
         return Decoded(math.nan, math.nan, None, None, None, None, None)
     amax = max(-lo, hi)
     amin = lo if lo >= 0 else (-hi if hi <= 0 else None)
-    nan, inf = (0, 0) if amax < math.inf else (0, None)
+    nan, inf = (0, 0) if amax < math.inf else (0, numel if amin == math.inf else None)
     if amin is None or amin == 0:
         return Decoded(amin, amax, None, nan, inf, None, None)
     return Decoded(amin, amax, amin, nan, inf, 0, 0 if amin >= tiny else None)
@@ -208,82 +215,3 @@ class Scratch:
             self.buffers[x.dtype] = bufs
         shape, stride = x.shape, x.stride()
         return (bufs[0].as_strided(shape, stride), bufs[1].as_strided(shape, stride))
-
-
-class Slot(NamedTuple):
-    """One tensor's statistics in a `StepBuffer`: where its scalars sit and how to decode them."""
-
-    numel: int
-    dtype: torch.dtype
-    cdtype: torch.dtype
-    groups: int
-    key: Any  # (module path, phase, tensor name) of the frame that computed it
-    vkey: Key
-    vpos: int
-    ckey: Key | None
-    cpos: int
-
-
-class StepBuffer:
-    """A step's statistics: 0-d tensors on their devices, grouped by (device, dtype), so that
-    one stack per group, one cat and one `.tolist()` per device read the whole step back."""
-
-    def __init__(self) -> None:
-        self.lists: dict[Key, list[torch.Tensor]] = {}
-        self.slots: list[Slot] = []
-        self.scratch = Scratch()
-        self.fmax: dict[Key, torch.Tensor] = {}
-
-    def add(self, x: torch.Tensor, groups: int, cdtype: torch.dtype, key: Any) -> int:
-        """Queue `x`'s statistics; returns its slot number. No host sync."""
-        vkey = (x.device, x.dtype)
-        lst = self.lists.get(vkey)
-        if lst is None:
-            lst = self.lists[vkey] = []
-        vpos = len(lst)
-        ckey, cpos = None, 0
-        if not groups & ALL:  # the common cases, inlined: this runs for every tensor seen
-            if groups:
-                lst += torch.aminmax(x)
-            else:
-                lst += torch.aminmax(torch.abs(x, out=self.scratch.first(x)))
-            self.slots.append(Slot(x.numel(), x.dtype, cdtype, groups, key, vkey, vpos, None, 0))
-            return len(self.slots) - 1
-        fmax_t = self.fmax.get(vkey)
-        if fmax_t is None:
-            fmax_t = self.fmax[vkey] = torch.full(
-                (), limits(x.dtype).max, dtype=x.dtype, device=x.device
-            )
-        tiny = limits(cdtype).tiny
-        values, counts = stats_kernel(x, groups, tiny, self.scratch.get(x), fmax_t)
-        lst.extend(values)
-        if counts:
-            ckey = (x.device, torch.float32)
-            lst = self.lists.setdefault(ckey, [])
-            cpos = len(lst)
-            lst.extend(counts)
-        self.slots.append(Slot(x.numel(), x.dtype, cdtype, groups, key, vkey, vpos, ckey, cpos))
-        return len(self.slots) - 1
-
-    def read(self) -> tuple[list[Slot], list[Decoded], int]:
-        """(slots, their decoded statistics, host syncs made) and start afresh."""
-        floats: dict[Key, list[float]] = {}
-        syncs = 0
-        for device in {k[0] for k in self.lists}:
-            keys = [k for k in self.lists if k[0] == device]
-            parts = [torch.stack(self.lists[k]).to(torch.float64) for k in keys]
-            flat = torch.cat(parts).tolist()  # the one host sync for this device and step
-            syncs += 1
-            start = 0
-            for k in keys:
-                n = len(self.lists[k])
-                floats[k] = flat[start : start + n]
-                start += n
-        slots, self.slots, self.lists = self.slots, [], {}
-        decoded = []
-        for s in slots:
-            v = floats[s.vkey][s.vpos : s.vpos + 3]
-            c = floats[s.ckey][s.cpos : s.cpos + 4] if s.ckey is not None else ()
-            tiny, fmax = limits(s.cdtype).tiny, limits(s.dtype).max
-            decoded.append(decode(s.numel, s.groups, tiny, fmax, v, c))
-        return slots, decoded, syncs

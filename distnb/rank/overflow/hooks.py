@@ -1,0 +1,366 @@
+"""The watch: hooks on a model that queue statistics as tensors pass, and the step's readback.
+
+Hooks, and what each frame costs. A module's forward hook sees its inputs, outputs and own
+parameters (phase `forward`); a pre-hook on the autograd node that made each output sees the
+gradient flowing into it (`backward`: the same gradient a tensor hook would get, without the
+tensor hook's Python bookkeeping); a post-accumulate hook on each parameter sees its `.grad`
+(`grad`). Each frame costs a tuple of metadata; each new tensor one statistics call on its device
+(a parameter once per step, unless it changed; a tensor that is the output of one module and the
+input of the next once). Nothing is read back until the step ends.
+"""
+
+from __future__ import annotations
+
+import weakref
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from distnb.errors import NonFiniteError, OverflowStop
+from distnb.rank.overflow.buffer import StepBuffer
+from distnb.rank.overflow.frames import LOW_PRECISION, FrameMeta, History, named_leaves
+from distnb.rank.overflow.stats import ALL, SIGNED, UNDER, ZEROS, Scratch, limits
+from distnb.records.overflow import Phase, RankOverflowReport, Stats, StepOn, WatchOptions
+
+__all__ = ["Watch"]
+
+FORWARD, BACKWARD, GRAD = Phase.FORWARD, Phase.BACKWARD, Phase.GRAD
+_INPUT = tuple(f"input[{i}]" for i in range(16))
+_OUTPUT = tuple(f"output[{i}]" for i in range(16))
+_set_grad_enabled = torch._C._set_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
+_STRIDED = torch.strided
+
+# A module as its hooks need it: path, class name, and the backward frame of its output.
+ModuleInfo = tuple[str, str, tuple[str, str, str]]
+GradSites = list[tuple[str, str, str]]  # (path, class, name) of each frame one gradient serves
+
+
+class Watch:
+    """A running overflow watch over one model on this rank; `distnb.overflow.watch()` makes one.
+
+    Example::
+
+        w = watch(model)
+        for batch in loader:
+            loss = model(batch).loss
+            loss.backward()
+            opt.step(); opt.zero_grad()
+        w.report().first      # the first non-finite frame, or None
+        w.detach()            # every hook gone: the model runs at its own speed again
+    """
+
+    def __init__(self, model: nn.Module, options: WatchOptions | None = None) -> None:
+        o = (options or WatchOptions()).validated()
+        self.model = model
+        self.options = o
+        self.rank = o.rank if o.rank is not None else _process_rank()
+        self.readbacks = 0  # host syncs made by this watch: one per step and device
+        self._fixed = {Stats.FAST: SIGNED, Stats.FULL: ALL}.get(o.stats, -1)  # -1: learnt
+        self._step = self._micro = self._order = 0  # _order: frames read back mid-step
+        self._metas: list[FrameMeta] = []
+        self._buf = StepBuffer()
+        self._lowp = False  # whether autocast computed in fp16/bf16 this step
+        self._seen: dict[int, tuple[Any, int, int]] = {}
+        self._last_grad: tuple[Any, int, GradSites] | None = None
+        self._groups: dict[Any, int] = {}  # `auto`: statistic groups learnt per frame key
+        self._history = History(self.rank, o)
+        self._stopped = ""
+        self._handles: list[RemovableHandle] = []
+        self._pseen: dict[int, tuple[torch.Tensor, int, int]] = {}  # id: parameter, version, slot
+        self._fwd = FORWARD in o.phases
+        self._bwd = BACKWARD in o.phases
+        self._attach()
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Device memory this watch keeps between steps: a few scalars per tensor of a step (and,
+        under `auto`/`full` on CPU, scratch space for the statistics). It keeps no tensor of the
+        model alive: the hooks compute as tensors pass and hold only weak references."""
+        return self._buf.nbytes
+
+    def step(self) -> None:
+        """End the current step: read its statistics back (one host sync per device).
+
+        With `step_on="explicit"` this is the only place steps end, and every forward of the
+        root module in between is a micro-step. It raises `NonFiniteError`/`OverflowStop` when
+        the watch was asked to stop.
+        """
+        if self._handles:
+            self._end_step()
+
+    def report(self) -> RankOverflowReport:
+        """What this watch saw so far, as a plain record; reads back what is still pending."""
+        if self._metas:
+            self._readback()  # a stop it asks for is left to the step's end
+        h = self._history
+        return RankOverflowReport(
+            rank=self.rank,
+            steps=self._step,
+            readbacks=self.readbacks,
+            first=h.first,
+            ring=h.ring or h.tail(),
+            traced=tuple(h.traced),
+            headroom=tuple(h.headroom),
+            stopped=self._stopped,
+            stats=self.options.stats,
+        )
+
+    def detach(self) -> None:
+        """Remove every hook this watch installed; the report stays readable.
+
+        Hooks already placed on a live autograd graph stay there until the graph is freed, and
+        do nothing.
+        """
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._buf.scratch = Scratch()  # frees the buffers
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def __repr__(self) -> str:
+        state = "attached" if self.attached else "detached"
+        first = self._history.first
+        where = f", first non-finite at {first.where}" if first else ""
+        return (
+            f"<Watch rank {self.rank} {state}: {self._step} steps, "
+            f"{self.readbacks} readbacks{where}>"
+        )
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        add = self._handles.append
+        add(self.model.register_forward_pre_hook(self._on_root_forward))
+        grads = GRAD in self.options.phases
+        seen: set[nn.Parameter] = set()
+        for path, m in self.model.named_modules():
+            cls = type(m).__name__
+            for name, p in m.named_parameters(recurse=False):
+                if grads and p.requires_grad and p not in seen:
+                    hook = partial(self._on_grad, (path, cls, f"{name}.grad"))
+                    add(p.register_post_accumulate_grad_hook(hook))
+                seen.add(p)
+            if self._fwd or self._bwd:
+                info = (path, cls, (path, cls, "grad_output"))
+                add(m.register_forward_hook(partial(self._on_forward, info), with_kwargs=True))
+
+    def _on_root_forward(self, module: nn.Module, args: Any) -> None:
+        if self.options.step_on is StepOn.FORWARD:
+            if self._metas:
+                self._end_step()
+        elif self._metas or self._order:  # frames seen this step: a new micro-step begins
+            self._micro += 1
+
+    def _on_forward(
+        self, info: ModuleInfo, module: nn.Module, args: Any, kwargs: Any, output: Any
+    ) -> None:
+        single = isinstance(output, torch.Tensor)
+        outs = None if single else named_leaves(output, "output", _OUTPUT)
+        cdt = None  # under autocast, the dtype the module computed in: its output's
+        if _any_autocast():
+            cdt = _autocast_dtype(outs or [("output", output)])
+            if cdt in LOW_PRECISION:
+                self._lowp = True
+        grad = torch.is_grad_enabled()
+        path, cls, grad_site = info
+        if self._fwd:
+            if grad:
+                _set_grad_enabled(False)  # the statistics must not join the autograd graph
+            try:
+                see = self._see
+                if module._parameters:
+                    self._see_params(module, path, cls, cdt)
+                if type(args) is tuple and len(args) == 1 and isinstance(args[0], torch.Tensor):
+                    see(args[0], path, cls, FORWARD, "input[0]", cdt)
+                else:
+                    for name, t in named_leaves(args, "input", _INPUT):
+                        see(t, path, cls, FORWARD, name, cdt)
+                if kwargs:
+                    for name, t in named_leaves(kwargs, "input", ()):
+                        see(t, path, cls, FORWARD, name, cdt)
+                if single:
+                    see(output, path, cls, FORWARD, "output", cdt)
+                for name, t in outs or ():
+                    see(t, path, cls, FORWARD, name, cdt)
+            finally:
+                if grad:
+                    _set_grad_enabled(True)
+        if self._bwd and grad:
+            if single:
+                if output.requires_grad:
+                    self._hook_grad(output, grad_site)
+                return
+            for name, t in outs or ():
+                if t.requires_grad:
+                    self._hook_grad(t, (path, cls, "grad_" + name))
+
+    def _see_params(self, module: nn.Module, path: str, cls: str, cdt: Any) -> None:
+        """Frames of a module's own parameters, read where they are now: a parameter replaced
+        after `watch()` is seen as it is. Statistics once a step, unless a parameter changed."""
+        seen, metas, micro = self._pseen, self._metas, self._micro
+        for name, p in module._parameters.items():
+            if p is None:
+                continue
+            hit = seen.get(id(p))  # by id: a tensor's __hash__ is Python code
+            if hit is not None and hit[0] is p and hit[1] == p._version:
+                slot = hit[2]
+            else:
+                slot = self._record(p, cdt, path, FORWARD, name)
+                seen[id(p)] = (p, p._version, slot)
+            if slot >= 0:
+                metas.append((micro, path, cls, FORWARD, name, slot, cdt))
+
+    def _hook_grad(self, t: torch.Tensor, site: tuple[str, str, str]) -> None:
+        # A container's output is usually its last child's: one hook serves both frames.
+        last = self._last_grad
+        if last is not None and last[0]() is t and last[1] == t._version:
+            last[2].append(site)
+            return
+        sites = [site]
+        self._last_grad = (weakref.ref(t), t._version, sites)
+        node = t.grad_fn
+        if node is not None:
+            node.register_prehook(partial(self._on_grad_output, sites, t.output_nr))
+        else:  # a leaf that requires grad: only a tensor hook sees its gradient
+            t.register_hook(partial(self._on_leaf_grad, sites))  # type: ignore[no-untyped-call]
+
+    def _on_grad_output(self, sites: GradSites, nr: int, grads: Any) -> None:
+        grad = grads[nr]
+        if grad is not None:
+            self._on_leaf_grad(sites, grad)
+
+    def _on_leaf_grad(self, sites: GradSites, grad: torch.Tensor) -> None:
+        if not self._handles:  # hooks on graphs from before detach() do nothing
+            return
+        path, cls, name = sites[0]
+        if torch.is_grad_enabled():  # backward(create_graph=True): keep the stats off the graph
+            with torch.no_grad():
+                slot = self._record(grad, None, path, BACKWARD, name)
+        else:
+            slot = self._record(grad, None, path, BACKWARD, name)
+        if slot >= 0:
+            for path, cls, name in sites:
+                self._metas.append((self._micro, path, cls, BACKWARD, name, slot, None))
+
+    def _on_grad(self, site: tuple[str, str, str], param: torch.Tensor) -> None:
+        g = param.grad
+        if g is None:
+            return
+        path, cls, name = site
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                slot = self._record(g, None, path, GRAD, name)
+        else:
+            slot = self._record(g, None, path, GRAD, name)
+        if slot >= 0:
+            self._metas.append((self._micro, path, cls, GRAD, name, slot, None))
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def _see(self, t: torch.Tensor, path: str, cls: str, phase: Phase, name: str, cdt: Any) -> None:
+        """Record a frame of `t`, computing its statistics unless this step already did."""
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor: no version counter, and it never changes
+            version = -1
+        # One tensor is often seen several times (a child's output is the next module's input
+        # and its parent's output): compute its statistics once per value.
+        hit = self._seen.get(id(t))
+        if hit is not None and hit[1] == version and hit[0]() is t:
+            slot = hit[2]
+        else:
+            slot = self._record(t, cdt, path, phase, name)
+            if slot < 0:
+                return
+            self._seen[id(t)] = (weakref.ref(t), version, slot)
+        self._metas.append((self._micro, path, cls, phase, name, slot, cdt))
+
+    def _record(
+        self, t: torch.Tensor, cdt: torch.dtype | None, path: str, phase: Phase, name: str
+    ) -> int:
+        """Queue `t`'s statistics (computed in `cdt`, else its own dtype); returns the slot,
+        -1 for a tensor that has none (not floating point, empty, sparse, meta)."""
+        n = t.numel()
+        if not n or not t.is_floating_point() or t.layout != _STRIDED or t.is_meta:
+            return -1
+        groups = self._fixed
+        if groups == SIGNED:  # `fast`, the default
+            return self._buf.add_signed(t, n, cdt or t.dtype)
+        cdt = cdt or t.dtype
+        key = (path, phase, name)
+        if groups < 0:
+            groups = self._groups.get(key, 0)
+        if groups & UNDER:
+            groups |= ZEROS  # `under` is non-zero values minus those at least tiny
+            if limits(t.dtype).subnormal >= limits(cdt).tiny:
+                groups &= ~UNDER  # t cannot hold a non-zero value under tiny
+        return self._buf.add(t, n, groups, cdt, key)
+
+    # -- step end ----------------------------------------------------------------------------
+
+    def _end_step(self) -> None:
+        stop = self._readback() if self._metas else None
+        self._step += 1
+        self._micro = self._order = 0
+        self._last_grad = None
+        o = self.options
+        if stop is None and o.abort_after is not None and self._step > o.abort_after:
+            message = (
+                f"rank {self.rank}: stopped after step {o.abort_after} as asked "
+                f"(abort_after={o.abort_after}); watch.report() has the frames."
+            )
+            stop = ("abort_after", OverflowStop, message)
+        if stop is not None:
+            self._stopped = stop[0]
+            self.detach()
+            raise stop[1](stop[2], self.report())
+
+    def _readback(self) -> tuple[str, type[OverflowStop], str] | None:
+        """Read the pending statistics back and process them; says whether to stop."""
+        readout, syncs = self._buf.read()
+        self.readbacks += syncs
+        self._seen.clear()  # its slot numbers pointed into the buffer just read
+        self._pseen.clear()
+        metas, self._metas = self._metas, []
+        lowp = self._lowp or readout.low_precision
+        self._lowp = False
+        if self._fixed < 0:
+            for key, need in readout.escalations().items():
+                self._groups[key] = self._groups.get(key, 0) | need
+        first = self._history.record(self._step, self._order, metas, readout, lowp)
+        self._order += len(metas)
+        if first is None or not self.options.stop_on_nonfinite:
+            return None
+        message = (
+            f"rank {self.rank}: non-finite values at step {first.step}, {first.where}: "
+            f"{first.describe()}. The frames before it: %dist_overflow --report "
+            "(or watch.report().ring)."
+        )
+        return ("nonfinite", NonFiniteError, message)
+
+
+def _autocast_dtype(outs: list[tuple[str, torch.Tensor]]) -> torch.dtype | None:
+    for _, t in outs:
+        if t.is_floating_point():
+            return t.dtype if torch.is_autocast_enabled(t.device.type) else None
+    return None
+
+
+def _process_rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
