@@ -28,6 +28,40 @@ def _op_rule(fps: Sequence[Fingerprint]) -> Found | None:
     return MatchKind.COLLECTIVE_TYPE, calls, odd_ones(ops)
 
 
+def _model_rule(fps: Sequence[Fingerprint]) -> Found | None:
+    """DDP's constructor: every rank's model has the same parameters, by name and spec."""
+    models = {f.rank: f.params for f in fps}
+    if not any(models.values()) or len(set(models.values())) == 1:
+        return None
+    odd = odd_ones(models)
+    usual = next((f for f in fps if f.rank not in odd), fps[0])
+    other = next(f for f in fps if f.params != usual.params)
+    return MatchKind.MODEL, model_difference(usual, other), odd
+
+
+def model_difference(a: Fingerprint, b: Fingerprint) -> str:
+    """The first parameter in which two ranks' models differ, by name and spec."""
+    for i, (pa, pb) in enumerate(zip(a.params, b.params)):
+        if pa == pb:
+            continue
+        if pa.name == pb.name:
+            return (
+                f"parameter {pa.name!r} is {pa.spec} on rank {a.rank} "
+                f"and {pb.spec} on rank {b.rank}"
+            )
+        return (
+            f"parameter {i} is {pa.name!r} ({pa.spec}) on rank {a.rank} "
+            f"and {pb.name!r} ({pb.spec}) on rank {b.rank}"
+        )
+    longer, shorter = (a, b) if len(a.params) > len(b.params) else (b, a)
+    extra = longer.params[len(shorter.params)]
+    return (
+        f"rank {longer.rank}'s model has {len(longer.params)} parameters, rank "
+        f"{shorter.rank}'s {len(shorter.params)}; the first one rank {shorter.rank} lacks is "
+        f"{extra.name!r} ({extra.spec})"
+    )
+
+
 def _count_rule(fps: Sequence[Fingerprint]) -> Found | None:
     op, world = canonical_op(fps[0].op), len(fps)
     if op == "broadcast_object_list":
@@ -166,6 +200,7 @@ def p2p_rule(send: Fingerprint, recv: Fingerprint) -> Found | None:
 RULES: tuple[Rule, ...] = (
     _group_rule,
     _op_rule,
+    _model_rule,
     _count_rule,
     _root_rule,
     _reduce_op_rule,

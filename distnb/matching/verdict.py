@@ -40,8 +40,13 @@ def verdict(
         where = f"{op} #{first.seq} from rank {src} to rank {dst} on {group_name(first)}"
     else:
         where = f"{op} #{first.seq} on {group_name(first)}"
+    origins = {f.origin for f in fps}
+    if where and len(origins) == 1 and first.origin:
+        where += f" ({first.origin})"  # the same library code on every rank: say it once
     lines = [f"{kind.value} mismatch{' in ' + where if where else ''}: {detail}"]
     calls = [describe(f) for f in fps]
+    if len(origins) > 1 or deadlocked:
+        calls = [f"{c} [{f.origin}]" if f.origin else c for f, c in zip(fps, calls, strict=True)]
     width = max(len(c) for c in calls)
     for f, call in zip(fps, calls, strict=True):
         code = f": {f.site.code}" if f.site.code else ""

@@ -109,10 +109,14 @@ def scan(names: list[str] | None, include_all: bool) -> ShapeScan:
 
 
 def overflow_watch(name: str, options: dict[str, Any]) -> None:
-    """Start the overflow tracer on the module this rank's namespace calls `name`."""
-    from distnb.rank import overflow
+    """Start the overflow tracer on the module this rank's namespace calls `name`.
 
-    overflow.attach(name, _lookup(name), **options)
+    `options`: a `WatchOptions` record, validated in the kernel, as `to_dict()` wrote it.
+    """
+    from distnb.rank import overflow
+    from distnb.records.overflow import WatchOptions
+
+    overflow.attach(name, _lookup(name), WatchOptions.from_dict(options))
 
 
 def overflow_detach(name: str) -> bool:

@@ -33,7 +33,8 @@ class WaitKind(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Beacon(Record):
     """One rank's last word about a wait. `wait_id` names the wait, so that a stale beacon is
-    never taken for the current one; `blocked` is (peer rank, peer's wait id) of a deadlock."""
+    never taken for the current one; `blocked` is (peer rank, peer's wait id) of a deadlock.
+    `group` is the group as users know it (`WORLD`, `tp`), `group_name` its registered name."""
 
     rank: int
     state: BeaconState
@@ -42,6 +43,7 @@ class Beacon(Record):
     wait_id: int = 0
     kind: WaitKind = WaitKind.COLLECTIVE
     group: str = ""
+    group_name: str = ""
     seq: int = 0
     op: str = ""
     origin: str = ""

@@ -2,7 +2,8 @@
 
 Terms:
 
-- **group**: a process group; `"WORLD"` or the name distnb gives a `new_group` (`"g1"`, ...).
+- **group**: a process group, named as the user knows it: `"WORLD"`, a `DeviceMesh` dimension
+  (`"tp"`), the `group_desc` given to `new_group`, or its ranks (`"group[0,1]"`).
 - **seq**: the per-group sequence number of a collective, counted the same way on every member.
   Point-to-point messages are counted per channel (group, source, destination, tag) instead.
 - **fingerprint**: what a rank is about to do at (group, seq): op, tensor specs, reduce op, root,
@@ -28,6 +29,7 @@ __all__ = [
     "Fingerprint",
     "MatchKind",
     "Mismatch",
+    "Param",
     "TensorSpec",
 ]
 
@@ -55,7 +57,7 @@ class CollectiveEvent(Record):
     host). `arrive_ns`: the rank entered the wrapper; `start_ns`: every peer had arrived (checks
     passed), data starts to move; `end_ns`: the op completed on this rank (for `async_op=True`,
     when its work finished or was waited on; 0 while unknown). `run_id`: the session's run (a
-    cell, a script) it belongs to.
+    cell, a script) it belongs to; `origin` the library code it came through (see `Fingerprint`).
     """
 
     rank: int
@@ -69,6 +71,7 @@ class CollectiveEvent(Record):
     end_ns: int
     run_id: int | None = None
     group_size: int = 0
+    origin: str = ""
 
 
 class MatchKind(str, Enum):
@@ -88,6 +91,7 @@ class MatchKind(str, Enum):
     GROUP = "group"
     COUNT = "count"
     NON_FINITE = "non-finite input"
+    MODEL = "model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,14 @@ class TensorSpec(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Param(Record):
+    """One parameter of a model, by name: what DDP's constructor compares across ranks."""
+
+    name: str
+    spec: TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
 class Fingerprint(Record):
     """What one rank is about to do at (group, seq); compared across ranks before data moves.
 
@@ -119,6 +131,9 @@ class Fingerprint(Record):
     and writes, in argument order (`gather`'s output list is empty on ranks other than `dst`).
     `in_splits`/`out_splits` are `all_to_all_single`'s split sizes (None: even split). `count`
     is the list length of an object collective. `finite` is None unless `check_finite` is on.
+    `origin` names the library code the call came through when the user did not make it
+    themselves ("DDP gradient bucket 0 (fc.bias, fc.weight)", "compiled graph"); `params` is a
+    DDP model's parameters, at its constructor's first collective.
     """
 
     rank: int
@@ -137,6 +152,8 @@ class Fingerprint(Record):
     tag: int = 0
     group_ranks: tuple[int, ...] = ()
     site: CallSite = field(default_factory=lambda: CallSite("", 0))
+    origin: str = ""
+    params: tuple[Param, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,10 +282,19 @@ class Session:
         return ShapeTableView.from_scans(self.call(runtime.scan, names, all))
 
     def overflow(self, name: str, **options: Any) -> None:
-        """Trace overflow on every rank's module `name`: `distnb.overflow.watch`'s options."""
-        from distnb.rank import runtime
+        """Trace overflow on every rank's module `name`: `distnb.overflow.watch`'s options.
 
-        self.call(runtime.overflow_watch, name, options)
+        The options are checked here, before any rank is asked (`ConfigError`).
+
+        Example::
+
+            session.overflow("model", stats="auto", stop_on_nonfinite=True)
+        """
+        from distnb.rank import runtime
+        from distnb.records.overflow import WatchOptions
+
+        record = WatchOptions.of(**options)
+        self.call(runtime.overflow_watch, name, record.to_dict())
 
     def overflow_detach(self, name: str) -> None:
         """Remove every hook of the tracer on `name`: ranks run at full speed again."""

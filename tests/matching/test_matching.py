@@ -15,6 +15,7 @@ from distnb.records.collective import (
     Fingerprint,
     MatchKind,
     Mismatch,
+    Param,
     TensorSpec,
 )
 
@@ -39,6 +40,10 @@ def same(op: str, world: int = 2, **kw: Any) -> list[Fingerprint]:
 def kind_of(fps: list[Fingerprint]) -> MatchKind | None:
     found = match(fps)
     return None if found is None else found.kind
+
+
+MODEL = (Param("fc1.weight", t(32, 16)), Param("fc1.bias", t(32)), Param("fc2.weight", t(2, 32)))
+WIDER = (Param("fc1.weight", t(48, 16)), Param("fc1.bias", t(48)), Param("fc2.weight", t(2, 48)))
 
 
 # --- legal programs never raise ---------------------------------------------------------------
@@ -266,6 +271,14 @@ MISMATCHES: dict[str, tuple[list[Fingerprint], MatchKind, tuple[int, ...]]] = {
         MatchKind.COUNT,
         (0,),
     ),
+    "DDP model with a different hidden size": (
+        [
+            fp(0, "all_gather", inputs=(t(1),), outputs=(t(1), t(1)), params=MODEL),
+            fp(1, "all_gather", inputs=(t(1),), outputs=(t(1), t(1)), params=WIDER),
+        ],
+        MatchKind.MODEL,
+        (0, 1),
+    ),
     "non-finite": (
         [
             fp(0, "all_reduce", inputs=(t(8),), reduce_op="SUM", finite=True),
@@ -296,6 +309,52 @@ def test_every_kind_is_covered() -> None:
     assert p2p is not None
     covered.add(p2p.kind)
     assert covered >= set(MatchKind) - {MatchKind.PEER}
+
+
+def test_models_that_differ_are_named_by_parameter() -> None:
+    found = match(MISMATCHES["DDP model with a different hidden size"][0])
+    assert found is not None
+    assert found.detail == (
+        "parameter 'fc1.weight' is float32[32, 16] on rank 0 and float32[48, 16] on rank 1"
+    )
+    extra = (*MODEL, Param("fc3.weight", t(2, 2)))
+    longer = [fp(r, "all_gather", params=p) for r, p in ((0, MODEL), (1, extra), (2, MODEL))]
+    found = match(longer)
+    assert found is not None and found.kind is MatchKind.MODEL and found.ranks == (1,)
+    assert found.detail == (
+        "rank 1's model has 4 parameters, rank 0's 3; the first one rank 0 lacks is "
+        "'fc3.weight' (float32[2, 2])"
+    )
+
+
+def test_an_origin_is_said_once_or_per_rank() -> None:
+    bucket = "DDP gradient bucket 0 (fc.bias, fc.weight)"
+    same_origin = [fp(r, "all_reduce", inputs=(t(4 + r),), origin=bucket) for r in (0, 1)]
+    found = match(same_origin)
+    assert found is not None
+    assert found.message.splitlines()[0].startswith(
+        f"shape mismatch in all_reduce #4 on WORLD ({bucket}):"
+    )
+    mixed = [
+        fp(
+            0,
+            "all_gather_single",
+            inputs=(t(2),),
+            outputs=(t(4),),
+            origin="FSDP2 all-gather for layers.0",
+        ),
+        fp(
+            1,
+            "all_gather_single",
+            inputs=(t(3),),
+            outputs=(t(6),),
+            origin="DTensor redistribute S(0) -> R",
+        ),
+    ]
+    found = match(mixed)
+    assert found is not None
+    assert "[FSDP2 all-gather for layers.0]" in found.message
+    assert "[DTensor redistribute S(0) -> R]" in found.message
 
 
 def test_shape_message_names_ranks_sites_and_calls() -> None:

@@ -1,10 +1,12 @@
 """Checked collectives: ranks compare what they are about to do before any data moves.
 
-`install()` replaces every public collective and point-to-point function of `torch.distributed`
-(and of `torch.distributed.distributed_c10d`, which other libraries call) with a checked wrapper.
-Before data moves, the members of the group exchange **fingerprints** (op, tensor shapes, dtypes
-and device types, reduce op, root, peer, split sizes, object-list length, call site) for the
-group's next **seq**, and `distnb.matching` judges them. When they do not fit, every member
+`install()` checks every collective and point-to-point op that reaches a process group, whoever
+calls it: `torch.distributed`'s functions, DDP's constructor and its reducer (C++, on autograd
+threads), FSDP2, DTensor and tensor parallel, pipelining, and `torch.compile`d graphs. It does so
+beneath all of them, at the ops every path ends in (`intercept`). Before data moves, the members
+of the group exchange **fingerprints** (op, tensor shapes, dtypes and device types, reduce op,
+root, peer, split sizes, object-list length, a DDP model's parameters, call site and origin) for
+the group's next **seq**, and `distnb.matching` judges them. When they do not fit, every member
 raises the same `CollectiveMismatchError` (the record is on `err.mismatch`) and nothing is sent,
 so gloo never aborts and the process group keeps working::
 
@@ -14,46 +16,39 @@ so gloo never aborts and the process group keeps working::
     #   rank 0: all_reduce(float32[8], op=SUM)  at cell In[3] line 2: dist.all_reduce(x)
     #   rank 1: all_reduce(float32[4], op=SUM)  at cell In[3] line 2: dist.all_reduce(x)
 
-Fingerprints travel through shared memory when a group's ranks share a host (microseconds; a
-futex wakes the waiting rank), through the control-plane store otherwise (`exchange`). A rank
-that waits longer than 5 ms writes its **beacon**, watches the kernel's abort key, and looks at
-its peers' beacons (`monitor`): ranks that wait for each other in different calls (another
-group's collective, two receives) all raise a "group"/"peer"/"op type" mismatch instead of
-hanging. Ctrl-C interrupts a wait. The store keys it uses are in `distnb.keys`.
+The modules, in the order a call meets them: `intercept` (the kernels), `ops` and `funcol` (what
+each op is about to do), `context` (what the Python-level caller adds: object collectives, DDP
+models, batches), `callsite` and `origin` (where the call was made and what made it), `checker`
+(groups, seq, the exchange and the verdict), `p2p` (messages), `exchange` and `futex` (how
+fingerprints travel: shared memory on one host, the control-plane store across hosts), `monitor`
+(long waits: beacons, the kernel's abort key, deadlocks), `wire` (the fingerprint's bytes),
+`recorder` (events for the timeline). The store keys are in `distnb.keys`.
 
-Covered: all_reduce, reduce, broadcast, all_gather, all_gather_into_tensor, all_gather_single,
-gather, scatter, reduce_scatter, reduce_scatter_tensor, reduce_scatter_single, all_to_all,
-all_to_all_single, barrier, monitored_barrier, the object collectives, send, recv, isend, irecv,
-batch_isend_irecv (names the installed torch lacks are skipped), sub-groups from `new_group`
-(one seq per group; only members check) and `async_op=True` (checked before dispatch; the real
-`Work` is returned). DDP's gradient buckets bypass Python: `check_ddp(model)` registers
-`checked_allreduce_hook`. Calls torch makes inside a checked call are not checked again.
-
-Limits: every rank of a group must run checked (or `unchecked()`) calls alike; collectives of
-one rank must come from one thread; a `P2POp` must be built from `dist.isend`/`dist.irecv` looked
-up after `install` (torch checks op identity); see `p2p` for point-to-point limits.
+Limits: every rank of a group must run checked (or `unchecked()`) calls alike; the check adds a
+synchronisation point before each collective (a rank cannot start collective n + 1 before its
+peers have reached n). Not checked: receives from any source, sparse all_reduce, and ops on
+devices other than CPU and CUDA.
 """
 
 from __future__ import annotations
 
-import functools
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket, Store
-from torch.distributed import distributed_c10d as c10d
+from torch._C._distributed_c10d import Store
 
-from distnb.rank.checked import callsite, ops, p2p
-from distnb.rank.checked.checker import Checker, dispatch, local
+from distnb.rank.checked import callsite
+from distnb.rank.checked.checker import Checker
+from distnb.rank.checked.context import Patches
+from distnb.rank.checked.intercept import Interceptor
+from distnb.rank.checked.p2p import P2P
 from distnb.records.collective import CollectiveEvent, Mismatch
 
 __all__ = [
     "begin_run",
     "check_ddp",
-    "checked_allreduce_hook",
     "clear",
     "events",
     "finite_checks",
@@ -64,9 +59,11 @@ __all__ = [
     "uninstall",
 ]
 
-_MODULES = (dist, c10d)
 _checker: Checker | None = None
-_originals: dict[tuple[Any, str], Any] = {}
+_interceptor = Interceptor()
+_patches: Patches | None = None
+# unchecked() blocks open on any thread: DDP's reducer on CUDA runs in autograd's own threads
+_unchecked_blocks = 0
 # installs per session: part of the shared-memory names, so that a re-install never meets the
 # files of the one before (every rank of a session installs and uninstalls together)
 _generations: dict[str, int] = {}
@@ -92,7 +89,7 @@ def install(
     (see `finite_checks`). `ring_size` bounds the recorded events (see `events`).
     Installing again replaces the previous installation.
     """
-    global _checker
+    global _checker, _patches
     if _checker is not None:
         uninstall()
     generation = _generations[session_id] = _generations.get(session_id, 0) + 1
@@ -106,16 +103,28 @@ def install(
         ring_size=ring_size,
         generation=generation,
     )
-    _patch()
+    p2p = P2P(checker)
+    _patches = Patches(send=p2p.send, recv=p2p.recv, batch=p2p.batch)
     _checker = checker
+    _interceptor.install(_checking(checker.collective), _checking(p2p.op))
+
+
+def _checking(check: Callable[[Any, Callable[[], Any]], Any]) -> Any:
+    def checked(call: Any, dispatch: Callable[[], Any]) -> Any:
+        if _unchecked_blocks:
+            return dispatch()
+        return check(call, dispatch)
+
+    return checked
 
 
 def uninstall() -> None:
-    """Put torch's own functions back and remove this rank's shared-memory boards."""
-    global _checker
-    for (module, name), original in _originals.items():
-        setattr(module, name, original)
-    _originals.clear()
+    """Put torch's own kernels and functions back and remove this rank's shared-memory boards."""
+    global _checker, _patches
+    _interceptor.uninstall()
+    if _patches is not None:
+        _patches.restore()
+        _patches = None
     if _checker is not None:
         _checker.close()
         _checker = None
@@ -132,12 +141,15 @@ def unchecked() -> Iterator[None]:
     with distnb.unchecked():
         for _ in range(1000):
             dist.all_reduce(x)
+
+    The block covers collectives made from other threads meanwhile (DDP's reducer on CUDA).
     """
-    local.depth += 1
+    global _unchecked_blocks
+    _unchecked_blocks += 1
     try:
         yield
     finally:
-        local.depth -= 1
+        _unchecked_blocks -= 1
 
 
 @contextmanager
@@ -189,87 +201,15 @@ def last_mismatch() -> Mismatch | None:
     return None if _checker is None else _checker.last_mismatch
 
 
-def checked_allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: average a gradient bucket like DDP's default, through the checked
-    `all_reduce` (so ranks whose buckets differ raise instead of hanging or aborting).
-
-    `state` is the process group to use (None: the default group)::
-
-        ddp.register_comm_hook(None, checked_allreduce_hook)   # or: check_ddp(ddp)
-    """
-    group = state if isinstance(state, dist.ProcessGroup) else None
-    buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size(group))
-    work = dist.all_reduce(buffer, group=group, async_op=True)
-    assert work is not None
-    fut: torch.futures.Future[list[torch.Tensor]] = work.get_future()
-    return fut.then(lambda f: f.value()[0])
-
-
-# DDP compares the hook's annotations with `dist.GradBucket` and `Future[Tensor]` themselves;
-# `from __future__ import annotations` made them strings, so give it the objects.
-checked_allreduce_hook.__annotations__.update(
-    bucket=GradBucket, state=Any, **{"return": torch.futures.Future[torch.Tensor]}
-)
-
-
 def check_ddp(model: Any, process_group: Any = None) -> Any:
-    """Register `checked_allreduce_hook` on a `DistributedDataParallel` model; returns it.
+    """Deprecated, and no longer needed: DDP's gradient buckets are checked without it.
 
-    Call it on every rank, instead of (not besides) another comm hook: DDP takes one hook.
+    Returns `model` unchanged.
     """
-    model.register_comm_hook(process_group, checked_allreduce_hook)
+    warnings.warn(
+        "distnb.rank.checked.check_ddp is no longer needed: every DDP collective is checked "
+        "(constructor and gradient buckets); remove the call",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return model
-
-
-# --- patching ---------------------------------------------------------------------------------
-
-
-def _patch() -> None:
-    wrappers: dict[str, Any] = {}
-    for name, describe in ops.DESCRIBERS.items():
-        original = getattr(c10d, name, None)
-        if original is not None:
-            wrappers[name] = _wrap(name, original, describe)
-    original_batch = getattr(c10d, "batch_isend_irecv", None)
-    if original_batch is not None:
-        wrappers["batch_isend_irecv"] = _wrap_batch(original_batch)
-    for module in _MODULES:
-        for name, wrapper in wrappers.items():
-            if hasattr(module, name):
-                _originals[(module, name)] = getattr(module, name)
-                setattr(module, name, wrapper)
-
-
-def _wrap(name: str, original: Any, describe: Callable[..., ops.Call]) -> Any:
-    is_p2p = name in ops.P2P_OPS
-
-    @functools.wraps(original)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        checker = _checker
-        if checker is None or local.depth:
-            return original(*args, **kwargs)
-        try:
-            call = describe(*args, **kwargs)
-        except ops.Unchecked:
-            if name in ("recv", "irecv"):
-                return p2p.recv_anysource(checker, original, args, kwargs, name)
-            return dispatch(original, args, kwargs)
-        except Exception:  # arguments torch will reject: let it say so
-            return dispatch(original, args, kwargs)
-        if is_p2p:
-            return p2p.p2p(checker, original, call, args, kwargs)
-        return checker.collective(original, call, args, kwargs)
-
-    return checked
-
-
-def _wrap_batch(original: Any) -> Any:
-    @functools.wraps(original)
-    def checked(p2p_op_list: Any) -> Any:
-        checker = _checker
-        if checker is None or local.depth:
-            return original(p2p_op_list)
-        return p2p.batch(checker, original, p2p_op_list)
-
-    return checked

@@ -5,6 +5,11 @@ Frames of torch and distnb are never the user's; frames of other installed libra
 cell reports the cell's line; when the whole stack is library code, the innermost frame outside
 torch and distnb is reported instead.
 
+The same walk finds the call's **origin** (`origin.py`): the innermost library function between
+the collective and the user's code that names where it comes from (DDP's constructor, FSDP2's
+all-gather of a module, a compiled graph). A call made from a thread that runs no Python of the
+user's (DDP's reducer on CUDA runs in autograd's threads) is placed where the main thread is.
+
 Runs on every checked call, so it is cheap: a `sys._getframe` walk with one dict lookup per frame
 (what we know about a code object is cached), and one more for the site of (code, line), which is
 built once per cell: the cell resolver can map a file to a later cell after each new cell.
@@ -18,12 +23,15 @@ import linecache
 import os
 import sys
 import sysconfig
+import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
 import torch
 
-__all__ = ["Site", "lookup", "set_cell_resolver"]
+from distnb.rank.checked import origin
+
+__all__ = ["UNKNOWN", "Site", "lookup", "set_cell_resolver"]
 
 # (file, line, cell or -1, source line): a plain tuple, so it marshals into a fingerprint as is
 Site = tuple[str, int, int, str]
@@ -43,12 +51,17 @@ _LIBRARY_DIRS = tuple(
 _MAX_CACHE = 4096
 _CODE_LEN = 120
 
-# id(code) -> (code, 0: user's / 1: another library's / 2: torch's or distnb's, file). Keyed by
+UNKNOWN: Site = ("<unknown>", 0, -1, "")
+_MAIN = threading.main_thread()
+
+# id(code) -> (code, 0: user's / 1: another library's / 2: torch's or distnb's, file, origin
+# rule or None). Keyed by
 # identity: code objects compare equal by content (not by file), so two cells with alike code
 # would share an entry. Holding the code keeps its id from being reused. The cell number is
 # looked up per call: IPython names a cell's file after a hash of its text, so the same text
 # run again is a later cell in the same file.
-_codes: dict[int, tuple[CodeType, int, str]] = {}
+Info = tuple[CodeType, int, str, "str | origin.Describe | None"]
+_codes: dict[int, Info] = {}
 _lines: dict[tuple[str, int], str] = {}
 # (id(code), line) -> site; valid while `_codes` holds the code, and until the next cell
 _sites: dict[tuple[int, int], Site] = {}
@@ -65,25 +78,38 @@ def set_cell_resolver(resolver: Callable[[str], int | None] | None) -> None:
         _codes.clear()
 
 
-def lookup(skip: int = 2) -> Site:
-    """The user's innermost frame, starting `skip` frames above the caller (see module doc)."""
-    frame: FrameType | None = sys._getframe(skip)
-    fallback: tuple[FrameType, tuple[CodeType, int, str]] | None = None
+def lookup(skip: int = 2) -> tuple[Site, str]:
+    """(the user's innermost frame, the call's origin), starting `skip` frames above the caller
+    (see the module doc); off the main thread, with no user frame, where the main thread is."""
+    site, found = _walk(sys._getframe(skip))
+    if site is UNKNOWN and threading.current_thread() is not _MAIN:
+        main = sys._current_frames().get(_MAIN.ident or -1)
+        if main is not None:
+            site = _walk(main)[0]
+    return site, found
+
+
+def _walk(frame: FrameType | None) -> tuple[Site, str]:
+    fallback: tuple[FrameType, Info] | None = None
+    found = ""
     while frame is not None:
         code = frame.f_code
         info = _codes.get(id(code))
         if info is None:
             info = _classify(code)
         if info[1] == 0:
-            return _site(frame, info)
+            return _site(frame, info), found
+        rule = info[3]
+        if rule is not None and not found:
+            found = rule if isinstance(rule, str) else rule(frame)
         if info[1] == 1 and fallback is None:
             fallback = frame, info
         frame = frame.f_back
-    return _site(*fallback) if fallback is not None else ("<unknown>", 0, -1, "")
+    return (_site(*fallback) if fallback is not None else UNKNOWN), found
 
 
-def _site(frame: FrameType, info: tuple[CodeType, int, str]) -> Site:
-    code, kind, file = info
+def _site(frame: FrameType, info: Info) -> Site:
+    code, kind, file, _ = info
     line = frame.f_lineno or 0
     key = (id(code), line)
     site = _sites.get(key)
@@ -95,14 +121,18 @@ def _site(frame: FrameType, info: tuple[CodeType, int, str]) -> Site:
     return site
 
 
-def _classify(code: CodeType) -> tuple[CodeType, int, str]:
+def _classify(code: CodeType) -> Info:
     if len(_codes) >= _MAX_CACHE:
         _codes.clear()
         _sites.clear()
     file = code.co_filename
     path = os.path.abspath(file) if os.sep in file else ""
-    kind = 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
-    info = (code, kind, file)
+    rule = origin.rule_for(path, code.co_name)
+    if rule == origin.COMPILED:
+        kind = 1  # generated code: not the user's line, but the origin
+    else:
+        kind = 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
+    info = (code, kind, file, rule)
     _codes[id(code)] = info
     return info
 

@@ -2,16 +2,16 @@
 
 `Checker.collective` is the hot path of every checked collective:
 
-1. describe the call (done by the wrapper, `distnb.rank.checked.ops`), find the caller's line;
+1. describe the call (done by its op's kernel, `intercept` and `ops`), find the caller's line and
+   the call's origin (`callsite`);
 2. post the fingerprint for (group, seq) on the group's board and collect every member's;
 3. look the members' fingerprints up in a cache of verdicts; on a miss run `distnb.matching`;
 4. on a mismatch raise `CollectiveMismatchError` (every member raises the same one, since every
    member judged the same fingerprints), else dispatch the real call and record the event.
 
-Long waits are watched (`distnb.rank.checked.monitor`: beacon, abort key, deadlock check). When a wait
-ends without the collective (abort key, a deadlock, Ctrl-C while a peer is still missing) the
-rank takes its fingerprint back and does not count the seq, so that its next call lines up with
-its peers again.
+Long waits are watched (`monitor`: beacon, abort key, deadlock check). When a wait ends without
+the collective (abort key, a deadlock, Ctrl-C while a peer is still missing) the rank takes its
+fingerprint back and does not count the seq, so that its next call lines up with its peers again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import marshal
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,14 +31,16 @@ from torch.distributed import distributed_c10d as c10d
 from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
 from distnb.rank.checked import callsite, exchange
+from distnb.rank.checked import origin as origin_of
+from distnb.rank.checked.calls import Call, Core
 from distnb.rank.checked.monitor import Wait, WaitMonitor, mismatch_error
-from distnb.rank.checked.ops import Call, Core
+from distnb.rank.checked.origin import BACKWARD
 from distnb.rank.checked.recorder import END, Recorder
-from distnb.rank.checked.wire import core_bytes, decode, encode, fingerprint
+from distnb.rank.checked.wire import Where, core_bytes, decode, encode, fingerprint
 from distnb.records.beacon import Beacon, WaitKind
 from distnb.records.collective import Fingerprint, Mismatch
 
-__all__ = ["Channel", "Checker", "Group", "dispatch", "end_when_done", "host_identity", "local"]
+__all__ = ["Channel", "Checker", "Group", "end_when_done", "group_label", "host_identity"]
 
 SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
 P2P_SLOT_SIZE = 2 * 1024
@@ -48,7 +49,7 @@ _NOT_CACHED = object()
 # errors that end a wait without the call: the rank takes back what it posted
 WAIT_ENDED = (KeyboardInterrupt, CollectiveDesyncError, CollectiveMismatchError)
 
-Channel = tuple[str, int, int, int]  # (group label, src, dst, tag), global ranks
+Channel = tuple[str, int, int, int]  # (group name, src, dst, tag), global ranks
 
 
 def host_identity() -> str:
@@ -66,11 +67,16 @@ def host_identity() -> str:
 
 
 class Group:
-    """A process group as the checker sees it; `seq` counts its checked collectives."""
+    """A process group as the checker sees it; `seq` counts its checked collectives.
 
-    __slots__ = ("board", "index", "label", "members", "peers", "seq")
+    `name` is its registered name (unique, and the same on every member); `label` the name a
+    user knows it by (`WORLD`, a mesh dimension, `group[0,1]`), for messages.
+    """
 
-    def __init__(self, label: str, members: tuple[int, ...], index: int) -> None:
+    __slots__ = ("board", "index", "label", "members", "name", "peers", "seq")
+
+    def __init__(self, name: str, label: str, members: tuple[int, ...], index: int) -> None:
+        self.name = name
         self.label = label
         self.members = members
         self.index = index
@@ -108,8 +114,11 @@ class Checker:
         self.generation = generation
         self.monitor = WaitMonitor(store, rank, self._blocks)
         self.last_mismatch: Mismatch | None = None
-        self.groups: dict[Any, Group | None] = {}
-        self.by_label: dict[str, Group] = {}
+        self.groups: dict[str, Group | None] = {}  # by registered name
+        # (group name, graph task) of the last collective from the autograd engine, and how
+        # many it made: DDP's reducer reduces its buckets in index order
+        self._backward: tuple[str, int] = ("", -1)
+        self._buckets = 0
         # point-to-point channels (group, src, dst, tag): boards and message counts
         self.channels: dict[Channel, exchange.Board] = {}
         self.sent: dict[Channel, int] = {}
@@ -132,17 +141,21 @@ class Checker:
 
     # --- collectives --------------------------------------------------------------------------
 
-    def collective(self, original: Callable[..., Any], call: Call, args: Any, kwargs: Any) -> Any:
+    def collective(self, call: Call, dispatch: Callable[[], Any]) -> Any:
+        """Check `call` with its group's other members, then run it through `dispatch()`."""
         arrive = time.monotonic_ns()
         g = self.group(call.group)
         if g is None:
-            return original(*args, **kwargs)
-        site = callsite.lookup()
+            return dispatch()
+        site, origin = callsite.lookup()
+        if origin == BACKWARD and call.op == "all_reduce":
+            origin = self._bucket(g)
         finite = self._finite(call.reduce) if call.reduce and self.check_finite else None
-        core = call.core(finite)
+        root = g.members[call.root] if call.root is not None else None
+        core = call.core(finite, root, None)
         seq = g.seq
         g.seq = seq + 1
-        interrupted = self._exchange(g, seq, core, site)
+        interrupted = self._exchange(g, seq, core, (site, origin))
         start = time.monotonic_ns()
         entry = [
             self.rank,
@@ -156,45 +169,49 @@ class Checker:
             0,
             self.monitor.run_id,
             len(g.members),
+            origin,
         ]
-        result = dispatch(original, args, kwargs)
-        if call.async_op and result is not None:
-            end_when_done(result, entry)
-        else:
+        result = dispatch()
+        if not end_when_done(result, entry):
             entry[END] = time.monotonic_ns()
         self.recorder.add(entry)
         if interrupted:
             raise KeyboardInterrupt
         return result
 
-    def group(self, pg: Any) -> Group | None:
-        """The checker's view of `pg` (None: the default group); None if this rank is not in it."""
-        g = self.groups.get(pg, _NOT_CACHED)
+    def _bucket(self, g: Group) -> str:
+        """A gradient all_reduce from the autograd engine: DDP's reducer, bucket by bucket."""
+        task = (g.name, torch._C._current_graph_task_id())
+        if task != self._backward:
+            self._backward, self._buckets = task, 0
+        index = self._buckets
+        self._buckets += 1
+        return origin_of.ddp_bucket(g.name, index)
+
+    def group(self, name: str) -> Group | None:
+        """The checker's view of the group registered as `name`; None if this rank is not in it."""
+        g = self.groups.get(name, _NOT_CACHED)
         if g is _NOT_CACHED:
-            g = self.groups[pg] = self._new_group(pg)
+            g = self.groups[name] = self._new_group(name)
         return g  # type: ignore[return-value]
 
-    def _new_group(self, pg: Any) -> Group | None:
-        default = c10d._get_default_group()
-        real = default if pg is None else pg
-        if real is c10d.GroupMember.NON_GROUP_MEMBER or c10d._rank_not_in_group(real):
+    def _new_group(self, name: str) -> Group | None:
+        pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]
+        if pg is None or c10d._rank_not_in_group(pg):
             return None
-        members = tuple(dist.get_process_group_ranks(real))
+        members = tuple(dist.get_process_group_ranks(pg))
         if self.rank not in members:
             return None
-        label = "WORLD" if real is default else f"g{real.group_name}"
-        g = self.by_label.get(label)
-        if g is None:
-            g = self.by_label[label] = Group(label, members, members.index(self.rank))
-            if len(members) > 1:
-                g.board = self.board(f"c-{label}", members, len(members), 2, SLOT_SIZE)
+        g = Group(name, group_label(pg, members), members, members.index(self.rank))
+        if len(members) > 1:
+            g.board = self.board(f"c-{name}", members, len(members), 2, SLOT_SIZE)
         return g
 
-    def _exchange(self, g: Group, seq: int, core: Core, site: callsite.Site) -> bool:
+    def _exchange(self, g: Group, seq: int, core: Core, where: Where) -> bool:
         """Post, collect, judge. True when Ctrl-C came after every peer had posted: the caller
         finishes the collective (peers are already in it) and then raises KeyboardInterrupt."""
         mine = marshal.dumps(core, 0)
-        payload = encode(mine, site)
+        payload = encode(mine, where)
         interrupted = False
         if g.board is None:
             payloads = [payload]
@@ -206,7 +223,7 @@ class Checker:
             except BaseException:  # Ctrl-C mid-post: peers must not count on this seq
                 self._withdraw(g, seq)
                 raise
-            got, interrupted = self._collect(g, seq, stamp, core, site)
+            got, interrupted = self._collect(g, seq, stamp, core, where)
             if seq == 0:  # every member has mapped the board by now
                 g.board.forget()
             theirs = [core_bytes(p) for p in got]
@@ -231,19 +248,20 @@ class Checker:
         return interrupted
 
     def _collect(
-        self, g: Group, seq: int, stamp: int, core: Core, site: callsite.Site
+        self, g: Group, seq: int, stamp: int, core: Core, where: Where
     ) -> tuple[list[bytes], bool]:
         """Wait for every peer's fingerprint; see `_exchange` for what the bool means."""
         assert g.board is not None
         wait = Wait(
             WaitKind.COLLECTIVE,
+            g.name,
             g.label,
             seq,
             core[0],
-            site,
+            where,
             g.members,
             lambda: fingerprint(
-                (core, site), rank=self.rank, group=g.label, seq=seq, members=g.members
+                (core, where), rank=self.rank, group=g.label, seq=seq, members=g.members
             ),
         )
         try:
@@ -281,15 +299,15 @@ class Checker:
         """Does a peer's wait (from its beacon), which waits for this rank, need a call that
         this rank has not made, so that it cannot end while this rank waits in `wait`?"""
         if peer.kind is WaitKind.RECV:  # it waits for message `seq` from this rank
-            channel = (peer.group, self.rank, peer.rank, peer.tag)
+            channel = (peer.group_name, self.rank, peer.rank, peer.tag)
             return self.sent.get(channel, 0) <= peer.seq
         if peer.kind is not WaitKind.COLLECTIVE:
             return False
-        g = self.by_label.get(peer.group)
+        g = self.groups.get(peer.group_name)
         if g is None:  # a group this rank has not used yet: it posted nothing there
             members = peer.fingerprint.group_ranks if peer.fingerprint is not None else ()
             return self.rank in members
-        if wait.kind is WaitKind.COLLECTIVE and (wait.label, wait.seq) == (g.label, peer.seq):
+        if wait.kind is WaitKind.COLLECTIVE and (wait.group, wait.seq) == (g.name, peer.seq):
             return False  # the same collective: both wait for someone else
         return g.seq <= peer.seq  # this rank has not posted that seq yet
 
@@ -314,8 +332,8 @@ class Checker:
         ring 1 the receiver's verdicts on mismatches (see `distnb.rank.checked.p2p`)."""
         board = self.channels.get(key)
         if board is None:
-            label, src, dst, tag = key
-            name = f"p-{label}-{src}-{dst}-{tag}"
+            group, src, dst, tag = key
+            name = f"p-{group}-{src}-{dst}-{tag}"
             board = self.board(name, (src, dst), 2, exchange.P2P_DEPTH, P2P_SLOT_SIZE)
             self.channels[key] = board
         return board
@@ -323,7 +341,6 @@ class Checker:
     def board(
         self, name: str, members: Sequence[int], rings: int, depth: int, slot: int
     ) -> exchange.Board:
-        prefix = f"{self.generation}/{name}"
         if self._same_host(members):
             path = exchange.shm_path(self.session_id, f"{self.generation}-{name}")
             spill = exchange.StoreBoard(self.store, keys.spill(self.generation, name), depth)
@@ -339,9 +356,9 @@ class Checker:
         wanted = [r for r in members if r not in self._host_ids]
         if wanted:
             names = [keys.host(r) for r in wanted]
-            self.monitor.start(
-                Wait(WaitKind.START, "(install)", 0, "install", callsite.lookup(), wanted)
-            )
+            where = callsite.lookup()
+            start = Wait(WaitKind.START, "", "(install)", 0, "install", where, wanted)
+            self.monitor.start(start)
             t0 = time.monotonic_ns()
             next_tick = exchange.TICK_NS
             try:
@@ -363,34 +380,26 @@ class Checker:
         self._boards.clear()
         self.channels.clear()
         self.groups.clear()
-        self.by_label.clear()
 
 
-# --- dispatch ---------------------------------------------------------------------------------
+def group_label(pg: Any, members: Sequence[int]) -> str:
+    """`WORLD`, a `DeviceMesh` dimension (`tp`), the `group_desc` given to `new_group`, or the
+    group's ranks (`group[0,1]`): the name a user knows a group by."""
+    if pg is c10d._get_default_group():
+        return "WORLD"
+    desc = str(getattr(pg, "group_desc", "") or "")
+    if desc and desc not in ("undefined", "default_pg"):
+        return desc.removeprefix("mesh_")
+    return f"group[{','.join(map(str, members))}]"
 
 
-class _Local(threading.local):
-    # > 0 while this thread is inside a checked call (torch's own nested calls pass through) or
-    # inside `unchecked()`
-    depth = 0
-
-
-local = _Local()
-
-
-def dispatch(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    """Run the real torch function; calls it makes in turn are not checked again."""
-    local.depth += 1
-    try:
-        return original(*args, **kwargs)
-    finally:
-        local.depth -= 1
-
-
-def end_when_done(work: Any, entry: list[Any]) -> None:
-    """Fill in an async op's end time when its work completes (gloo p2p work has no future)."""
+def end_when_done(result: Any, entry: list[Any]) -> bool:
+    """Fill in the end time when the op's work completes; False if it has no future to tell
+    (a functional collective's result, gloo's point-to-point work)."""
+    work = result[-1] if isinstance(result, tuple) else result
     try:
         fut = work.get_future()
     except (RuntimeError, AttributeError):
-        return
+        return False
     fut.add_done_callback(lambda _: entry.__setitem__(END, time.monotonic_ns()))
+    return True

@@ -46,46 +46,51 @@ def to_callsite(site: callsite.Site) -> CallSite:
 class Wait:
     """What a rank waits in: a collective (group, seq) or a receive (message seq from `peer`).
 
-    `ranks` gives the global rank behind each ring being collected; `fingerprint` builds this
-    rank's fingerprint (only when a beacon needs it).
+    `group` is the group's registered name, `label` the name users know it by; `where` is the
+    call site and origin; `ranks` gives the global rank behind each ring being collected;
+    `fingerprint` builds this rank's fingerprint (only when a beacon needs it).
     """
 
     __slots__ = (
         "fingerprint",
+        "group",
         "kind",
         "label",
         "op",
-        "origin",
         "peer",
         "ranks",
         "seq",
-        "site",
         "tag",
+        "where",
     )
 
     def __init__(
         self,
         kind: WaitKind,
+        group: str,
         label: str,
         seq: int,
         op: str,
-        site: callsite.Site,
+        where: tuple[callsite.Site, str],
         ranks: Sequence[int],
         fingerprint: Callable[[], Fingerprint] | None = None,
         peer: int = -1,
         tag: int = 0,
-        origin: str = "",
     ) -> None:
         self.kind = kind
+        self.group = group
         self.label = label
         self.seq = seq
         self.op = op
-        self.site = site
+        self.where = where
         self.ranks = ranks
         self.fingerprint = fingerprint
         self.peer = peer
         self.tag = tag
-        self.origin = origin
+
+    @property
+    def site(self) -> CallSite:
+        return to_callsite(self.where[0])
 
 
 # blocks(this rank's wait, a peer's beacon): can the peer's wait not end while ours lasts?
@@ -147,12 +152,13 @@ class WaitMonitor:
             wait_id=self.wait_id,
             kind=wait.kind,
             group=wait.label,
+            group_name=wait.group,
             seq=wait.seq,
             op=wait.op,
-            origin=wait.origin,
+            origin=wait.where[1],
             peer=wait.peer,
             tag=wait.tag,
-            site=to_callsite(wait.site),
+            site=wait.site,
             waiting_for=tuple(missing),
             fingerprint=mine,
         )
@@ -165,7 +171,7 @@ class WaitMonitor:
         who = ", ".join(map(str, missing))
         message = (
             f"{reason}\n  rank {self.rank} was waiting at {wait.op} #{wait.seq} on {wait.label} "
-            f"({to_callsite(wait.site)}) for rank(s) {who}"
+            f"({wait.site}) for rank(s) {who}"
         )
         raise CollectiveDesyncError(message)
 

@@ -1,458 +1,313 @@
-"""What each `torch.distributed` call is about to do, read from its arguments: a `Call`.
+"""What each collective op is about to do, read from its arguments as the dispatcher passes them.
 
-One describer per wrapped function, with the function's own signature, so Python binds the
-arguments (no `inspect.signature` per call). A describer never touches tensor data: shapes,
-dtypes and device types only. It raises `Unchecked` for calls that cannot be checked (a `recv`
-from any source, arguments torch itself will reject): those go to torch as they are.
+Every path to a process group ends in one of these ops: the `c10d::*` ops (which
+`torch.distributed`'s functions, DDP's constructor and reducer, FSDP2 and pipelining reach
+through `ProcessGroup`), and the functional `_c10d_functional::*` ops (DTensor, tensor parallel,
+`torch.compile`d graphs). One describer per op, with the op's own schema as its signature, so
+Python binds the arguments. A describer reads shapes, dtypes and device types, never data; roots
+and peers stay group ranks (the checker makes them global).
+
+`OPS` maps `namespace::name` to (canonical op, describer). Canonical names are the ones the
+matching rules know (`all_gather_single` for `_allgather_base_` and the functional
+`all_gather_into_tensor` alike), so two paths to the same collective compare as one.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
-__all__ = ["DESCRIBERS", "OBJECT_OPS", "P2P_OPS", "Call", "Core", "Spec", "Unchecked", "spec"]
+from distnb.rank.checked import funcol
+from distnb.rank.checked.calls import (
+    Call,
+    group_name,
+    nbytes,
+    reduce_name,
+    spec,
+    specs,
+    splits,
+)
 
-# (shape, dtype name, device type): a plain tuple, so it marshals into a fingerprint as is
-Spec = tuple[tuple[int, ...], str, str]
-# (op, inputs, outputs, reduce op, root, peer, in splits, out splits, count, finite, tag)
-Core = tuple[Any, ...]
+__all__ = ["OPS", "P2P_OPS", "Describe"]
 
-_SUM = dist.ReduceOp.SUM
-_dtype_names: dict[torch.dtype, str] = {}
-_reduce_names: dict[Any, str] = {}
-
-
-class Unchecked(Exception):
-    """This call goes to torch unchecked (torch raises its own error where the call is bad)."""
-
-
-class Call:
-    """One rank's call, described: what goes into its fingerprint, and how to dispatch it."""
-
-    __slots__ = (
-        "async_op",
-        "count",
-        "group",
-        "in_splits",
-        "inputs",
-        "nbytes",
-        "op",
-        "out_splits",
-        "outputs",
-        "peer",
-        "reduce",
-        "reduce_op",
-        "root",
-        "tag",
-    )
-
-    def __init__(
-        self,
-        op: str,
-        group: Any,
-        inputs: tuple[Spec, ...] = (),
-        outputs: tuple[Spec, ...] = (),
-        *,
-        reduce_op: str = "",
-        root: int | None = None,
-        peer: int | None = None,
-        in_splits: tuple[int, ...] | None = None,
-        out_splits: tuple[int, ...] | None = None,
-        count: int | None = None,
-        tag: int = 0,
-        async_op: bool = False,
-        nbytes: int = 0,
-        reduce: tuple[torch.Tensor, ...] = (),
-    ) -> None:
-        self.op = op
-        self.group = group
-        self.inputs = inputs
-        self.outputs = outputs
-        self.reduce_op = reduce_op
-        self.root = root
-        self.peer = peer
-        self.in_splits = in_splits
-        self.out_splits = out_splits
-        self.count = count
-        self.tag = tag
-        self.async_op = async_op
-        self.nbytes = nbytes
-        # the tensors `check_finite` looks at (reductions only)
-        self.reduce = reduce
-
-    def core(self, finite: bool | None) -> Core:
-        return (
-            self.op,
-            self.inputs,
-            self.outputs,
-            self.reduce_op,
-            self.root,
-            self.peer,
-            self.in_splits,
-            self.out_splits,
-            self.count,
-            finite,
-            self.tag,
-        )
+Describe = Callable[..., Call]
+_T = torch.Tensor
 
 
-def spec(t: torch.Tensor) -> Spec:
-    name = _dtype_names.get(t.dtype)
-    if name is None:
-        name = _dtype_names[t.dtype] = str(t.dtype).removeprefix("torch.")
-    # `t.device` builds a new object each time; `is_cpu` is 7x cheaper for the common case
-    return tuple(t.shape), name, "cpu" if t.is_cpu else t.device.type
+def _one(name: str, ts: Sequence[_T], pg: Any, **kw: Any) -> Call:
+    return Call(name, group_name(pg), specs(ts), nbytes=nbytes(ts), **kw)
 
 
-def _specs(ts: Sequence[torch.Tensor] | None) -> tuple[Spec, ...]:
-    return () if ts is None else tuple(spec(t) for t in ts)
+# --- c10d::* (ProcessGroup) -------------------------------------------------------------------
 
 
-def _reduce_name(op: Any) -> str:
-    if op is _SUM:  # hashing a pybind enum costs 0.4 us; SUM is the usual op
-        return "SUM"
-    try:
-        return _reduce_names[op]
-    except (KeyError, TypeError):
-        pass
-    name = str(getattr(op, "name", None) or op).rsplit(".", 1)[-1]
-    with contextlib.suppress(TypeError):  # a ReduceOp instance (premul_sum) is not hashable
-        _reduce_names[op] = name
-    return name
-
-
-def _global(group: Any, rank: int | None, group_rank: int | None) -> int:
-    """A root or peer as a global rank, from either of torch's two ways to name it."""
-    if rank is not None:
-        if group_rank is not None:
-            raise Unchecked("both a global and a group rank")
-        return int(rank)
-    if group_rank is None:
-        raise Unchecked("no rank given")
-    if group is None or group is c10d.GroupMember.WORLD:
-        return int(group_rank)
-    return int(dist.get_global_rank(group, group_rank))
-
-
-def _splits(sizes: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if sizes is None else tuple(int(s) for s in sizes)
-
-
-def _nbytes(ts: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in ts)
-
-
-# --- collectives ------------------------------------------------------------------------------
-
-
-def all_reduce(tensor: Any, op: Any = _SUM, group: Any = None, async_op: bool = False) -> Call:
-    return Call(
-        "all_reduce",
-        group,
-        (spec(tensor),),
-        reduce_op=_reduce_name(op),
-        async_op=async_op,
-        nbytes=tensor.nbytes,
-        reduce=(tensor,),
-    )
-
-
-def reduce(
-    tensor: Any,
-    dst: int | None = None,
-    op: Any = _SUM,
-    group: Any = None,
-    async_op: bool = False,
-    group_dst: int | None = None,
+def allreduce_(
+    ts: list[_T], pg: Any, op: Any, sparse: Any = None, async_op: bool = True, timeout: int = -1
 ) -> Call:
-    return Call(
-        "reduce",
-        group,
-        (spec(tensor),),
-        reduce_op=_reduce_name(op),
-        root=_global(group, dst, group_dst),
-        async_op=async_op,
-        nbytes=tensor.nbytes,
-        reduce=(tensor,),
+    return _one(
+        "all_reduce", ts, pg, reduce_op=reduce_name(op), async_op=async_op, reduce=tuple(ts)
     )
 
 
-def broadcast(
-    tensor: Any,
-    src: int | None = None,
-    group: Any = None,
-    async_op: bool = False,
-    group_src: int | None = None,
+def allreduce_coalesced_(
+    ts: list[_T], pg: Any, op: Any, async_op: bool = True, timeout: int = -1
 ) -> Call:
-    return Call(
-        "broadcast",
-        group,
-        (spec(tensor),),
-        root=_global(group, src, group_src),
-        async_op=async_op,
-        nbytes=tensor.nbytes,
+    name = "all_reduce_coalesced"
+    return _one(name, ts, pg, reduce_op=reduce_name(op), async_op=async_op, reduce=tuple(ts))
+
+
+def broadcast_(
+    ts: list[_T], pg: Any, root: int, root_tensor: int = 0, async_op: bool = True, timeout: int = -1
+) -> Call:
+    return _one("broadcast", ts, pg, root=root, async_op=async_op)
+
+
+def reduce_(
+    ts: list[_T],
+    pg: Any,
+    op: Any,
+    root: int,
+    root_tensor: int = 0,
+    async_op: bool = True,
+    timeout: int = -1,
+) -> Call:
+    name = "reduce"
+    return _one(
+        name, ts, pg, reduce_op=reduce_name(op), root=root, async_op=async_op, reduce=tuple(ts)
     )
 
 
-def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Call:
+def allgather_(
+    outs: list[list[_T]], ins: list[_T], pg: Any, async_op: bool = True, timeout: int = -1
+) -> Call:
     return Call(
         "all_gather",
-        group,
-        (spec(tensor),),
-        _specs(tensor_list),
+        group_name(pg),
+        specs(ins),
+        specs(outs[0] if outs else ()),
         async_op=async_op,
-        nbytes=tensor.nbytes,
+        nbytes=nbytes(ins),
     )
 
 
-def _gather_single(name: str) -> Callable[..., Call]:
-    def describe(
-        output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
-    ) -> Call:
-        return Call(
-            name,
-            group,
-            (spec(input_tensor),),
-            (spec(output_tensor),),
-            async_op=async_op,
-            nbytes=input_tensor.nbytes,
-        )
-
-    return describe
+def _allgather_base_(out: _T, inp: _T, pg: Any, async_op: bool = True, timeout: int = -1) -> Call:
+    return Call(
+        "all_gather_single",
+        group_name(pg),
+        (spec(inp),),
+        (spec(out),),
+        async_op=async_op,
+        nbytes=inp.nbytes,
+    )
 
 
-def gather(
-    tensor: Any,
-    gather_list: Any = None,
-    dst: int | None = None,
-    group: Any = None,
-    async_op: bool = False,
-    group_dst: int | None = None,
+def allgather_coalesced_(
+    outs: list[list[_T]], ins: list[_T], pg: Any, async_op: bool = True
+) -> Call:
+    flat = [t for lst in outs for t in lst]
+    return Call(
+        "all_gather_coalesced",
+        group_name(pg),
+        specs(ins),
+        specs(flat),
+        async_op=async_op,
+        nbytes=nbytes(ins),
+    )
+
+
+def allgather_into_tensor_coalesced_(
+    outs: list[_T], ins: list[_T], pg: Any, async_op: bool = True
 ) -> Call:
     return Call(
-        "gather",
-        group,
-        (spec(tensor),),
-        _specs(gather_list),
-        root=_global(group, dst, group_dst),
+        "all_gather_single_coalesced",
+        group_name(pg),
+        specs(ins),
+        specs(outs),
         async_op=async_op,
-        nbytes=tensor.nbytes,
+        nbytes=nbytes(ins),
     )
 
 
-def scatter(
-    tensor: Any,
-    scatter_list: Any = None,
-    src: int | None = None,
-    group: Any = None,
-    async_op: bool = False,
-    group_src: int | None = None,
+def reduce_scatter_(
+    outs: list[_T], ins: list[list[_T]], pg: Any, op: Any, async_op: bool = True, timeout: int = -1
 ) -> Call:
-    return Call(
-        "scatter",
-        group,
-        _specs(scatter_list),
-        (spec(tensor),),
-        root=_global(group, src, group_src),
-        async_op=async_op,
-        nbytes=_nbytes(scatter_list or ()),
-    )
-
-
-def reduce_scatter(
-    output: Any, input_list: Any, op: Any = _SUM, group: Any = None, async_op: bool = False
-) -> Call:
+    inputs = list(ins[0]) if ins else []
     return Call(
         "reduce_scatter",
-        group,
-        _specs(input_list),
-        (spec(output),),
-        reduce_op=_reduce_name(op),
+        group_name(pg),
+        specs(inputs),
+        specs(outs),
+        reduce_op=reduce_name(op),
         async_op=async_op,
-        nbytes=_nbytes(input_list),
-        reduce=tuple(input_list),
+        nbytes=nbytes(inputs),
+        reduce=tuple(inputs),
     )
 
 
-def _reduce_scatter_single(name: str) -> Callable[..., Call]:
-    def describe(
-        output: Any, input: Any, op: Any = _SUM, group: Any = None, async_op: bool = False
-    ) -> Call:
-        return Call(
-            name,
-            group,
-            (spec(input),),
-            (spec(output),),
-            reduce_op=_reduce_name(op),
-            async_op=async_op,
-            nbytes=input.nbytes,
-            reduce=(input,),
-        )
-
-    return describe
-
-
-def all_to_all(
-    output_tensor_list: Any, input_tensor_list: Any, group: Any = None, async_op: bool = False
+def _reduce_scatter_base_(
+    out: _T, inp: _T, pg: Any, op: Any, async_op: bool = True, timeout: int = -1
 ) -> Call:
     return Call(
-        "all_to_all",
-        group,
-        _specs(input_tensor_list),
-        _specs(output_tensor_list),
+        "reduce_scatter_single",
+        group_name(pg),
+        (spec(inp),),
+        (spec(out),),
+        reduce_op=reduce_name(op),
         async_op=async_op,
-        nbytes=_nbytes(input_tensor_list),
+        nbytes=inp.nbytes,
+        reduce=(inp,),
     )
 
 
-def all_to_all_single(
-    output: Any,
-    input: Any,
-    output_split_sizes: Any = None,
-    input_split_sizes: Any = None,
-    group: Any = None,
-    async_op: bool = False,
+def reduce_scatter_tensor_coalesced_(
+    outs: list[_T], ins: list[_T], pg: Any, op: Any, async_op: bool = True, timeout: int = -1
+) -> Call:
+    return Call(
+        "reduce_scatter_single_coalesced",
+        group_name(pg),
+        specs(ins),
+        specs(outs),
+        reduce_op=reduce_name(op),
+        async_op=async_op,
+        nbytes=nbytes(ins),
+        reduce=tuple(ins),
+    )
+
+
+def alltoall_(
+    outs: list[_T], ins: list[_T], pg: Any, async_op: bool = True, timeout: int = -1
+) -> Call:
+    return Call(
+        "all_to_all", group_name(pg), specs(ins), specs(outs), async_op=async_op, nbytes=nbytes(ins)
+    )
+
+
+def alltoall_base_(
+    out: _T,
+    inp: _T,
+    pg: Any,
+    out_splits: list[int],
+    in_splits: list[int],
+    async_op: bool = True,
+    timeout: int = -1,
 ) -> Call:
     return Call(
         "all_to_all_single",
-        group,
-        (spec(input),),
-        (spec(output),),
-        in_splits=_splits(input_split_sizes),
-        out_splits=_splits(output_split_sizes),
+        group_name(pg),
+        (spec(inp),),
+        (spec(out),),
+        in_splits=splits(in_splits),
+        out_splits=splits(out_splits),
         async_op=async_op,
-        nbytes=input.nbytes,
+        nbytes=inp.nbytes,
+    )
+
+
+def gather_(
+    outs: list[list[_T]],
+    ins: list[_T],
+    pg: Any,
+    root: int,
+    async_op: bool = True,
+    timeout: int = -1,
+) -> Call:
+    return Call(
+        "gather",
+        group_name(pg),
+        specs(ins),
+        specs(outs[0] if outs else ()),
+        root=root,
+        async_op=async_op,
+        nbytes=nbytes(ins),
+    )
+
+
+def scatter_(
+    outs: list[_T],
+    ins: list[list[_T]],
+    pg: Any,
+    root: int,
+    async_op: bool = True,
+    timeout: int = -1,
+) -> Call:
+    inputs = list(ins[0]) if ins else []
+    return Call(
+        "scatter",
+        group_name(pg),
+        specs(inputs),
+        specs(outs),
+        root=root,
+        async_op=async_op,
+        nbytes=nbytes(inputs),
     )
 
 
 def barrier(
-    group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None
+    t: _T, pg: Any, device_ids: list[int], async_op: bool = True, timeout: int = -1
 ) -> Call:
-    return Call("barrier", group, async_op=async_op)
+    return Call("barrier", group_name(pg), async_op=async_op)
 
 
-def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Call:
-    return Call("monitored_barrier", group)
-
-
-# --- object collectives -----------------------------------------------------------------------
-
-
-def all_gather_object(object_list: Any, obj: Any, group: Any = None) -> Call:
-    return Call("all_gather_object", group, count=len(object_list))
-
-
-def gather_object(
-    obj: Any,
-    object_gather_list: Any = None,
-    dst: int | None = None,
-    group: Any = None,
-    group_dst: int | None = None,
+def monitored_barrier_(
+    t: _T, pg: Any, device_ids: list[int], timeout: int, wait_all_ranks: bool
 ) -> Call:
-    count = None if object_gather_list is None else len(object_gather_list)
-    return Call("gather_object", group, root=_global(group, dst, group_dst), count=count)
+    return Call("monitored_barrier", group_name(pg))
 
 
-def broadcast_object_list(
-    object_list: Any,
-    src: int | None = None,
-    group: Any = None,
-    device: Any = None,
-    group_src: int | None = None,
-) -> Call:
-    root = _global(group, src, group_src)
-    return Call("broadcast_object_list", group, root=root, count=len(object_list))
-
-
-def scatter_object_list(
-    scatter_object_output_list: Any,
-    scatter_object_input_list: Any = None,
-    src: int | None = None,
-    group: Any = None,
-    group_src: int | None = None,
-) -> Call:
-    root = _global(group, src, group_src)
-    given = scatter_object_input_list
-    count = None if given is None or dist.get_rank() != root else len(given)
-    return Call("scatter_object_list", group, root=root, count=count)
-
-
-# --- point to point ---------------------------------------------------------------------------
-
-
-def _p2p_call(name: str, tensor: Any, group: Any, peer: int, tag: int, is_send: bool) -> Call:
-    s = (spec(tensor),)
+def send(ts: list[_T], pg: Any, dst: int, tag: int) -> Call:
     return Call(
-        name,
-        group,
-        s if is_send else (),
-        () if is_send else s,
-        peer=peer,
-        tag=tag,
-        nbytes=tensor.nbytes,
+        "send", group_name(pg), specs(ts), peer=dst, tag=tag, nbytes=nbytes(ts), async_op=True
     )
 
 
-def _send(name: str) -> Callable[..., Call]:
-    def describe(
-        tensor: Any,
-        dst: int | None = None,
-        group: Any = None,
-        tag: int = 0,
-        group_dst: int | None = None,
-    ) -> Call:
-        return _p2p_call(name, tensor, group, _global(group, dst, group_dst), tag, True)
-
-    return describe
+def recv_(ts: list[_T], pg: Any, src: int, tag: int) -> Call:
+    return Call(
+        "recv", group_name(pg), (), specs(ts), peer=src, tag=tag, nbytes=nbytes(ts), async_op=True
+    )
 
 
-def _recv(name: str) -> Callable[..., Call]:
-    def describe(
-        tensor: Any,
-        src: int | None = None,
-        group: Any = None,
-        tag: int = 0,
-        group_src: int | None = None,
-    ) -> Call:
-        if src is None and group_src is None:
-            raise Unchecked("recv from any source")
-        return _p2p_call(name, tensor, group, _global(group, src, group_src), tag, False)
-
-    return describe
+def recv_any_source_(ts: list[_T], pg: Any, tag: int) -> Call:
+    """Unchecked (the sender is known only afterwards); see `p2p` for how it is counted."""
+    return Call("recv_any", group_name(pg), (), specs(ts), tag=tag, nbytes=nbytes(ts))
 
 
-DESCRIBERS: dict[str, Callable[..., Call]] = {
-    "all_reduce": all_reduce,
-    "reduce": reduce,
-    "broadcast": broadcast,
-    "all_gather": all_gather,
-    "all_gather_into_tensor": _gather_single("all_gather_into_tensor"),
-    "all_gather_single": _gather_single("all_gather_single"),
-    "gather": gather,
-    "scatter": scatter,
-    "reduce_scatter": reduce_scatter,
-    "reduce_scatter_tensor": _reduce_scatter_single("reduce_scatter_tensor"),
-    "reduce_scatter_single": _reduce_scatter_single("reduce_scatter_single"),
-    "all_to_all": all_to_all,
-    "all_to_all_single": all_to_all_single,
-    "barrier": barrier,
-    "monitored_barrier": monitored_barrier,
-    "all_gather_object": all_gather_object,
-    "gather_object": gather_object,
-    "broadcast_object_list": broadcast_object_list,
-    "scatter_object_list": scatter_object_list,
-    "send": _send("send"),
-    "isend": _send("isend"),
-    "recv": _recv("recv"),
-    "irecv": _recv("irecv"),
+OPS: dict[str, Describe] = {
+    "c10d::allreduce_": allreduce_,
+    "c10d::allreduce_coalesced_": allreduce_coalesced_,
+    "c10d::broadcast_": broadcast_,
+    "c10d::reduce_": reduce_,
+    "c10d::allgather_": allgather_,
+    "c10d::_allgather_base_": _allgather_base_,
+    "c10d::allgather_coalesced_": allgather_coalesced_,
+    "c10d::allgather_into_tensor_coalesced_": allgather_into_tensor_coalesced_,
+    "c10d::reduce_scatter_": reduce_scatter_,
+    "c10d::_reduce_scatter_base_": _reduce_scatter_base_,
+    "c10d::reduce_scatter_tensor_coalesced_": reduce_scatter_tensor_coalesced_,
+    "c10d::alltoall_": alltoall_,
+    "c10d::alltoall_base_": alltoall_base_,
+    "c10d::gather_": gather_,
+    "c10d::scatter_": scatter_,
+    "c10d::barrier": barrier,
+    "c10d::monitored_barrier_": monitored_barrier_,
+    "c10d::send": send,
+    "c10d::recv_": recv_,
+    "c10d::recv_any_source_": recv_any_source_,
+    "_c10d_functional::all_reduce": funcol.all_reduce,
+    "_c10d_functional::all_reduce_": funcol.all_reduce,
+    "_c10d_functional::all_reduce_coalesced": funcol.all_reduce_coalesced,
+    "_c10d_functional::all_reduce_coalesced_": funcol.all_reduce_coalesced,
+    "_c10d_functional::all_gather_into_tensor": funcol.all_gather,
+    "_c10d_functional::all_gather_into_tensor_out": funcol.all_gather,
+    "_c10d_functional::all_gather_into_tensor_coalesced": funcol.all_gather_coalesced,
+    "_c10d_functional::reduce_scatter_tensor": funcol.reduce_scatter,
+    "_c10d_functional::reduce_scatter_tensor_out": funcol.reduce_scatter,
+    "_c10d_functional::reduce_scatter_tensor_coalesced": funcol.reduce_scatter_coalesced,
+    "_c10d_functional::all_to_all_single": funcol.all_to_all_single,
+    "_c10d_functional::broadcast": funcol.broadcast,
+    "_c10d_functional::broadcast_": funcol.broadcast,
+    "_c10d_functional::isend": funcol.isend,
+    "_c10d_functional::irecv": funcol.irecv,
 }
-P2P_OPS = frozenset({"send", "isend", "recv", "irecv"})
-OBJECT_OPS = frozenset(
-    {"all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list"}
-)
+P2P_OPS = frozenset({"send", "recv", "recv_any"})
