@@ -74,12 +74,12 @@ def host(rank: int) -> str:
     return f"{_CHECK}/host/{rank}"
 
 
-def board(generation: int, name: str) -> str:
+def board(generation: str, name: str) -> str:
     """Prefix of a store board's slots (groups that span hosts)."""
     return f"{_CHECK}/fp/{generation}/{name}"
 
 
-def spill(generation: int, name: str) -> str:
+def spill(generation: str, name: str) -> str:
     """Prefix of the slots that hold fingerprints too big for a shared-memory slot."""
     return f"{_CHECK}/big/{generation}/{name}"
 

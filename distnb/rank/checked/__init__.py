@@ -52,6 +52,7 @@ __all__ = [
     "clear",
     "events",
     "finite_checks",
+    "forget_groups",
     "install",
     "installed",
     "last_mismatch",
@@ -132,6 +133,14 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return _checker is not None
+
+
+def forget_groups() -> None:
+    """The process groups were destroyed (`destroy_process_group`): forget them, their seqs
+    and boards, so that groups made next (the same names come back) start in step. Call on
+    every rank alike, as torch's own teardown is."""
+    if _checker is not None:
+        _checker.forget_groups()
 
 
 @contextmanager

@@ -111,7 +111,9 @@ class Checker:
         self.hosts = list(hosts) if hosts is not None else None
         self.check_finite = check_finite
         self.recorder = Recorder(ring_size)
-        self.generation = generation
+        # names this checker's boards: a new install, and each `forget_groups`, get new ones
+        self.generation = str(generation)
+        self._forgotten = 0
         self.monitor = WaitMonitor(store, rank, self._blocks)
         self.last_mismatch: Mismatch | None = None
         self.groups: dict[str, Group | None] = {}  # by registered name
@@ -373,6 +375,16 @@ class Checker:
             for r, value in zip(wanted, self.store.multi_get(names), strict=True):
                 self._host_ids[r] = value.decode()
         return len({self._host_ids[r] for r in members}) == 1
+
+    def forget_groups(self) -> None:
+        """Drop every group and channel; boards made from now on have new names."""
+        self.close()
+        self._forgotten += 1
+        self.generation = f"{self.generation.split('.')[0]}.{self._forgotten}"
+        self.sent.clear()
+        self.received.clear()
+        self.verdicts.clear()
+        self.p2p_blind = False
 
     def close(self) -> None:
         for board in self._boards:
