@@ -247,7 +247,7 @@ class _Rig:
         site = ("f.py", 1, -1, "")
         t0 = clock()
         for i in range(iters):
-            rec.add([0, "WORLD", i, "all_reduce", 32, site, 1, 2, 3, None, 2])
+            rec.add([0, "WORLD", i, "all_reduce", 32, site, 1, 2, 3, None, 2, ""])
         result["record"] = (clock() - t0) / iters / 1e3
         return result
 

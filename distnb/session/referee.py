@@ -19,7 +19,14 @@ from distnb.records.cell import RankState
 from distnb.records.collective import CollectiveEvent
 from distnb.session.cells import Referee
 from distnb.session.control import ControlPlane
+from distnb.session.deadlock import cycle_reason, find_cycle
 
+DDP_HINT = (
+    "a rank reduces a DDP bucket once every parameter in it has its gradient: a rank that ran "
+    "fewer backward passes than its peers, or whose forward left some of the bucket's "
+    "parameters unused, never reduces it (DDP(model, find_unused_parameters=True) handles "
+    "parameters unused on some steps)"
+)
 DONE_WORDS = {
     RankState.FINISHED: "finished the cell",
     RankState.FAILED: "raised {error}",
@@ -34,10 +41,13 @@ def desync_reason(done: Mapping[int, str], waiters: Sequence[Beacon]) -> str:
     absent = ", ".join(f"{format_ranks([r])} {what}" for r, what in sorted(done.items()))
     waiting = format_ranks(w.rank for w in waiters)
     origin = f" ({first.origin})" if first.origin else ""
-    return (
+    reason = (
         f"{absent} without calling {first.op} #{first.seq} on {first.group}{origin}, "
         f"which {waiting} {'waits' if len(waiters) == 1 else 'wait'}{where}"
     )
+    if first.origin.startswith("DDP gradient bucket"):
+        reason += f"\nhint: {DDP_HINT}"
+    return reason
 
 
 class DesyncReferee(Referee):
@@ -47,20 +57,36 @@ class DesyncReferee(Referee):
         super().__init__()
         self.control = control
         self._released: set[int] = set()
+        self._suspect: tuple[tuple[int, int], ...] = ()  # (rank, wait id) of a cycle seen once
 
     def tick(self, run_id: int, states: dict[int, RankState], failures: dict[int, str]) -> None:
         done = {r: s for r, s in states.items() if s is not RankState.RUNNING}
         running = [r for r, s in states.items() if s is RankState.RUNNING]
-        if not done or not running or run_id in self._released:
+        if not running or run_id in self._released:
             return
-        waiters = [b for b in self.control.beacons(running) if _waits_in(b, run_id, done)]
-        if not waiters:
-            return  # still computing: the cell's timeout covers them
+        beacons = self.control.beacons(running)
+        waiters = [b for b in beacons if _waits_in(b, run_id, done)] if done else []
+        if not waiters:  # no rank waits for one that is done: perhaps they wait in a circle
+            self._look_for_cycle(run_id, beacons)
+            return
         blamed = {r for b in waiters for r in b.waiting_for if r in done}
         words = {r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error")) for r in blamed}
         self.control.abort(run_id, desync_reason(words, waiters))
         self._released.add(run_id)
         self.waiters[run_id] = waiters
+
+    def _look_for_cycle(self, run_id: int, beacons: list[Beacon]) -> None:
+        if len(beacons) < 2:
+            return
+        cycle = find_cycle(beacons, run_id)
+        seen = tuple((b.rank, b.wait_id) for b in cycle) if cycle else ()
+        if not seen or seen != self._suspect:
+            self._suspect = seen
+            return
+        assert cycle is not None
+        self.control.abort(run_id, cycle_reason(cycle))
+        self._released.add(run_id)
+        self._suspect = ()
 
 
 def skipped_call(events: Sequence[CollectiveEvent], waiting: Sequence[Beacon] = ()) -> str:

@@ -563,3 +563,32 @@ def s_unchecked_shapes(rank: int) -> bool:
     with checked.unchecked():
         dist.all_reduce(torch.ones(2))
     return len(checked.events()) == before
+
+
+# --- torch.compile: checked, and traced without extra graph breaks ---------------------------
+
+
+def s_compiled(rank: int) -> dict[str, Any]:
+    import torch._dynamo
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x * 2
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(torch.ones(4))
+    compiled = torch.compile(step)
+    before = len(checked.events())
+    value = compiled(torch.full((4,), float(rank + 1)))
+    return {
+        "breaks": explained.graph_break_count,
+        "value": value.tolist(),
+        "checked": [e.origin for e in checked.events()[before:]],
+    }
+
+
+def test_compiled_collectives_are_checked_without_graph_breaks(ranks: Ranks) -> None:
+    for r in values(ranks.run(s_compiled)):
+        assert r["breaks"] == 0  # tracing sees the patched functions as torch's own
+        assert r["value"] == [6.0] * 4
+        assert r["checked"] == ["compiled graph"]  # the run, not the trace (fake tensors)

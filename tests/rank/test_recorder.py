@@ -9,7 +9,7 @@ from distnb.rank.checked.recorder import Recorder
 
 
 def entry(seq: int, run_id: int | None) -> list[object]:
-    return [0, "WORLD", seq, "all_reduce", 32, ("f.py", 3, -1, "x"), 1, 2, 3, run_id, 2]
+    return [0, "WORLD", seq, "all_reduce", 32, ("f.py", 3, -1, "x"), 1, 2, 3, run_id, 2, ""]
 
 
 def test_ring_keeps_the_last_events_in_order() -> None:

@@ -60,7 +60,7 @@ _MAIN = threading.main_thread()
 # would share an entry. Holding the code keeps its id from being reused. The cell number is
 # looked up per call: IPython names a cell's file after a hash of its text, so the same text
 # run again is a later cell in the same file.
-Info = tuple[CodeType, int, str, "str | origin.Describe | None"]
+Info = tuple[CodeType, int, str, "origin.Rule | None"]
 _codes: dict[int, Info] = {}
 _lines: dict[tuple[str, int], str] = {}
 # (id(code), line) -> site; valid while `_codes` holds the code, and until the next cell
@@ -91,21 +91,30 @@ def lookup(skip: int = 2) -> tuple[Site, str]:
 
 def _walk(frame: FrameType | None) -> tuple[Site, str]:
     fallback: tuple[FrameType, Info] | None = None
-    found = ""
+    graph: tuple[FrameType, Info] | None = None  # a compiled function's own frame
+    found = package = ""  # a function's own rule wins over its package's label
     while frame is not None:
         code = frame.f_code
         info = _codes.get(id(code))
         if info is None:
             info = _classify(code)
         if info[1] == 0:
-            return _site(frame, info), found
+            if found != origin.COMPILED or graph is not None:
+                return _site(frame, info), found or package
+            # A compiled function runs its graph under its own name, without line numbers:
+            # the line that calls it says more.
+            graph = frame, info
         rule = info[3]
         if rule is not None and not found:
-            found = rule if isinstance(rule, str) else rule(frame)
+            if isinstance(rule, origin.Package):
+                package = package or rule.label
+            else:
+                found = rule if isinstance(rule, str) else rule(frame)
         if info[1] == 1 and fallback is None:
             fallback = frame, info
         frame = frame.f_back
-    return (_site(*fallback) if fallback is not None else UNKNOWN), found
+    last = graph or fallback
+    return (_site(*last) if last is not None else UNKNOWN), found or package
 
 
 def _site(frame: FrameType, info: Info) -> Site:

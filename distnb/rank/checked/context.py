@@ -125,7 +125,10 @@ def _awake(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def awake(*args: Any, **kwargs: Any) -> Any:
-        if torch.is_inference_mode_enabled():
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        # `torch.compile` traces through this (DTensor code calls functional collectives):
+        # `is_compiling()` is a constant there, so the graph does not break on the mode check
+        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
             with torch.inference_mode(False):
                 return fn(*args, **kwargs)
         return fn(*args, **kwargs)
@@ -178,6 +181,7 @@ class Patches:
 def _object_wrapper(fn: Any, *, name: str, said: Callable[..., Said]) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         try:
             count, root = said(*args, **kwargs)
         except (TypeError, ValueError, RuntimeError):  # torch will reject them: let it say so
@@ -191,6 +195,7 @@ def _object_wrapper(fn: Any, *, name: str, said: Callable[..., Said]) -> Any:
 def _verify_wrapper(fn: Any) -> Any:
     @functools.wraps(fn)
     def verify(process_group: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         model = local.ddp_model
         module = getattr(model, "module", None)
         names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
@@ -206,6 +211,7 @@ def _verify_wrapper(fn: Any) -> Any:
 def _ddp_init_wrapper(init: Any) -> Any:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         outer = local.ddp_model
         local.ddp_model = self
         try:
@@ -223,6 +229,7 @@ def _ddp_forward_wrapper(forward: Any) -> Any:
 
     @functools.wraps(forward)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         out = forward(self, *args, **kwargs)
         if getattr(self, "_has_rebuilt_buckets", False) and self not in _REBUILT:
             _REBUILT.add(self)

@@ -119,12 +119,14 @@ class Interceptor:
 
     def _kernel(self, describe: Describe, op: Any) -> Callable[..., Any]:
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
             below = keyset & _BELOW
             check = self.check
             if check is None or local.depth or _traced(args):
                 return op.redispatch(below, *args, **kwargs)
 
             def dispatch() -> Any:
+                __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
                 local.depth += 1
                 try:
                     return op.redispatch(below, *args, **kwargs)

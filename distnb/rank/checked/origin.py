@@ -24,13 +24,34 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKWARD", "COMPILED", "DDP_MODELS", "ddp_bucket", "remember_buckets", "rule_for"]
+__all__ = [
+    "BACKWARD",
+    "COMPILED",
+    "DDP_MODELS",
+    "Package",
+    "Rule",
+    "ddp_bucket",
+    "remember_buckets",
+    "rule_for",
+]
 
 BACKWARD = "backward"
 COMPILED = "compiled graph"
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep
 
 Describe = Callable[[FrameType], str]
+
+
+class Package:
+    """A whole package's label: used only when no function's own rule names the origin."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+
+Rule = str | Describe | Package
 
 # DDP models of this process (added as they are built, see `context`), to name buckets, and the
 # parameter names in each of their buckets, by id(model)
@@ -68,27 +89,27 @@ RULES: dict[tuple[str, str], str | Describe] = {
     ("nn/parallel/distributed.py", "_sync_buffers"): "DDP: buffers from rank 0",
     ("nn/parallel/distributed.py", "_sync_params_and_buffers"): "DDP: parameters from rank 0",
     ("distributed/fsdp/_fully_shard/_fsdp_param_group.py", "unshard"): (
-        lambda f: f"FSDP2 all-gather for {_fqn(f)}"
+        lambda f: f"FSDP2 all-gather for {_fqn(f)!r}"
     ),
     ("distributed/fsdp/_fully_shard/_fsdp_param_group.py", "post_backward"): (
-        lambda f: f"FSDP2 reduce-scatter for {_fqn(f)}"
+        lambda f: f"FSDP2 reduce-scatter for {_fqn(f)!r}"
     ),
     ("distributed/tensor/_redistribute.py", "redistribute_local_tensor"): _redistribute,
     ("nn/modules/_functions.py", "forward"): "SyncBatchNorm forward",
     ("nn/modules/_functions.py", "backward"): "SyncBatchNorm backward",
     ("autograd/graph.py", "_engine_run_backward"): BACKWARD,
 }
-# Whole packages, for frames no rule above names.
+# Whole packages, for calls no rule above names.
 PACKAGES = (
-    ("distributed/pipelining/", "pipeline schedule"),
-    ("distributed/tensor/parallel/", "tensor parallel"),
-    ("distributed/fsdp/", "FSDP"),
-    ("distributed/tensor/", "DTensor"),
-    ("distributed/checkpoint/", "distributed checkpoint"),
+    ("distributed/pipelining/", Package("pipeline schedule")),
+    ("distributed/tensor/parallel/", Package("tensor parallel")),
+    ("distributed/fsdp/", Package("FSDP")),
+    ("distributed/tensor/", Package("DTensor")),
+    ("distributed/checkpoint/", Package("distributed checkpoint")),
 )
 
 
-def rule_for(path: str, function: str) -> str | Describe | None:
+def rule_for(path: str, function: str) -> Rule | None:
     """The origin rule of a function in torch (`path` absolute), or None."""
     if "torchinductor" in path:  # the generated module of a compiled graph
         return COMPILED

@@ -94,6 +94,7 @@ class P2P:
 
         @functools.wraps(fn)
         def send(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
             self.sends.last = None
             result = fn(*args, **kwargs)
             last, self.sends.last = self.sends.last, None
@@ -109,6 +110,7 @@ class P2P:
 
         @functools.wraps(fn)
         def recv(tensor: Any, src: Any = None, group: Any = None, tag: int = 0, **kw: Any) -> Any:
+            __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
             if src is not None or kw.get("group_src") is not None:
                 return fn(tensor, src, group, tag, **kw)
             self.sends.any_source = True
@@ -130,6 +132,7 @@ class P2P:
 
         @functools.wraps(fn)
         def batch(op_list: Any) -> Any:
+            __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
             calls = [_describe(op) for op in op_list] if isinstance(op_list, list) else []
             if not calls or any(c is None for c in calls) or self.checker.p2p_blind:
                 return fn(op_list)

@@ -14,7 +14,8 @@ from distnb.records.collective import CallSite, CollectiveEvent
 
 __all__ = ["END", "Recorder"]
 
-# entry layout: [rank, group, seq, op, nbytes, site, arrive_ns, start_ns, end_ns, run_id, size]
+# entry layout: [rank, group, seq, op, nbytes, site, arrive_ns, start_ns, end_ns, run_id, size,
+# origin]
 # where site is callsite.Site: (file, line, cell or -1, code)
 END = 8
 
@@ -66,4 +67,5 @@ def _event(e: list[Any]) -> CollectiveEvent:
         end_ns=e[END],
         run_id=e[9],
         group_size=e[10],
+        origin=e[11],
     )
