@@ -9,7 +9,8 @@ slows every mode alike:
 - plain:       torch.distributed as is (`distnb.unchecked()` around the call);
 - again:       plain once more, in its own turn: the control, whose ratio to plain shows how far
                two runs of the same code differ here (the noise floor of every other ratio);
-- checked:     distnb's checked runtime (fingerprints through shared memory);
+- checked:     distnb's checked runtime (a kernel at every collective op; fingerprints through
+               shared memory);
 - DETAIL:      `TORCH_DISTRIBUTED_DEBUG=DETAIL` (a process group created at debug level DETAIL,
                which wraps gloo in torch's ProcessGroupWrapper);
 - accel:       Accelerate's `gather` / `broadcast` / `reduce` (`PartialState(cpu=True)`);
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -44,6 +44,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from distnb import keys  # noqa: E402  (after the path: the bench runs from a checkout)
 
 MODES = ("plain", "again", "checked", "DETAIL", "accel", "accel-debug")
 # ranks, op, size, median ms per mode, ratio to plain per mode (median of per-round ratios)
@@ -173,7 +175,7 @@ class _Rig:
         from distnb.errors import CollectiveDesyncError
         from distnb.rank import checked
 
-        checked.begin_cell(cell)
+        checked.begin_run(cell)
         if self.rank != 0:
             return 0
         try:
@@ -214,34 +216,29 @@ class _Rig:
         return {m: statistics.median(v) / 1e3 for m, v in times.items()}
 
     def cpu_cost(self, iters: int) -> dict[str, float]:
-        """The check's own CPU time per call, with nobody to wait for: a checked all_reduce on
-        this rank's one-member group whose dispatch is a no-op (describe, call site, fingerprint,
-        verdict, event), against the bare no-op; and `Recorder.add` alone."""
+        """The check's own CPU time per call, with nobody to wait for: an all_reduce on this
+        rank's one-member group, checked (kernel, describe, call site, fingerprint, verdict,
+        event) against unchecked; and `Recorder.add` alone."""
         import torch
         import torch.distributed as dist
 
         from distnb.rank import checked
-        from distnb.rank.checked import ops
         from distnb.rank.checked.recorder import Recorder
 
         groups = [dist.new_group([r]) for r in range(self.world)]
         mine = groups[self.rank]
         x = torch.ones(8)
-
-        def noop(*args: Any, **kwargs: Any) -> None:
-            return None
-
-        wrapped = checked._wrap("all_reduce", noop, ops.DESCRIBERS["all_reduce"])
         result = {}
         # CPU time of this process, not wall time: on a busy machine a rank is often descheduled
         clock = time.process_time_ns
-        for name, call in (("bare", noop), ("checked", wrapped)):
+        for name in ("bare", "checked"):
             best = float("inf")
-            for _ in range(5):
-                t0 = clock()
-                for _ in range(iters):
-                    call(x, group=mine)
-                best = min(best, (clock() - t0) / iters / 1e3)
+            with checked.unchecked() if name == "bare" else _nothing():
+                for _ in range(5):
+                    t0 = clock()
+                    for _ in range(iters):
+                        dist.all_reduce(x, group=mine)
+                    best = min(best, (clock() - t0) / iters / 1e3)
             result[name] = best
         rec = Recorder(10_000)
         site = ("f.py", 1, -1, "")
@@ -390,7 +387,7 @@ def abort_latency(cluster: Cluster, trials: int) -> float:
             conn.recv()
         time.sleep(0.05)
         set_at = time.monotonic_ns()
-        cluster.check.set(f"abort/{cell}", json.dumps({"reason": "benchmark"}))
+        cluster.check.set(keys.abort(cell), "benchmark")
         released = cluster.conns[0].recv()
         lat.append(released - set_at)
     return float(statistics.median(lat)) / 1e6
