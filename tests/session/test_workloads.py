@@ -290,3 +290,36 @@ def test_a_rank_error_inside_ddp_shows_no_distnb_frames(session: Session) -> Non
     assert "ddp(torch.ones" in failure.traceback
     assert "distnb" not in failure.traceback  # distnb's wrappers hide their frames
     still_works(session)
+
+
+# --- inference mode: ops' kernels are not reached there; Python callers are checked anyway ----
+
+
+def test_an_eval_loop_under_inference_mode_is_checked(session: Session) -> None:
+    err = fails(
+        session,
+        "@torch.inference_mode()\n"
+        "def evaluate(batches):\n"
+        "    total = torch.zeros(1)\n"
+        "    for _ in range(batches):\n"
+        "        total += 1\n"
+        "        dist.all_reduce(total)\n"
+        "    return total\n"
+        "evaluate(3 if rank == 0 else 2)\n",  # uneven eval shards: rank 1 has fewer batches
+        CollectiveDesyncError,
+    )
+    assert err.message.startswith("rank 1 finished the cell without calling all_reduce #")
+    assert "line 6" in err.message
+    mismatch = fails(
+        session,
+        "with torch.inference_mode():\n    dist.all_reduce(torch.ones(2 + rank))\n",
+        CollectiveMismatchError,
+    )
+    assert "rank 0: [2], rank 1: [3]" in mismatch.message
+    result = session.run(
+        "with torch.inference_mode():\n"
+        "    t = torch.ones(2) * (rank + 1)\n"
+        "    dist.all_reduce(t)\n"
+        "(t.tolist(), t.is_inference())"
+    )
+    assert result.result(0) == result.result(1) == "([3.0, 3.0], True)"
