@@ -33,6 +33,7 @@ from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, Config
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked import origin as origin_of
 from distnb.rank.checked.calls import Call, Core
+from distnb.rank.checked.intercept import local
 from distnb.rank.checked.monitor import Wait, WaitMonitor, mismatch_error
 from distnb.rank.checked.origin import BACKWARD
 from distnb.rank.checked.recorder import END, Recorder
@@ -174,7 +175,12 @@ class Checker:
             origin,
         ]
         result = dispatch()
-        if not end_when_done(result, entry):
+        if not call.async_op:
+            # the caller (`torch.distributed`'s function) waits for the work right away: the
+            # wait stamps the end (`context`), at no cost to the backend's worker thread
+            local.unwaited = entry
+            entry[END] = time.monotonic_ns()
+        elif not end_when_done(result, entry):
             entry[END] = time.monotonic_ns()
         self.recorder.add(entry)
         if interrupted:

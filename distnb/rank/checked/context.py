@@ -12,6 +12,7 @@ The ops beneath (`intercept`) see tensors; a few Python functions know more, and
 - `batch_isend_irecv`: posts every send before any receive waits (`p2p.batch`), since the ops of a
   batch may come in any order on each rank; a blocking `recv` from any source counts its message
   once the source is known;
+- `Work.wait`: the end time of a synchronous op (its event is recorded before the caller waits);
 - under `torch.inference_mode()` the ops' kernels are not reached (`intercept`): the process
   group's methods, which every `torch.distributed` function calls, and the functional
   collectives (what DTensor calls) then run with inference mode off for the call's duration.
@@ -21,6 +22,7 @@ The ops beneath (`intercept`) see tensors; a few Python functions know more, and
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ from torch.nn.parallel import distributed as ddp_module
 from distnb.rank.checked import origin
 from distnb.rank.checked.calls import spec
 from distnb.rank.checked.intercept import Context, local
+from distnb.rank.checked.recorder import END
 
 __all__ = ["Patches", "using"]
 
@@ -120,6 +123,22 @@ _FUNCTIONAL = (
 )  # fmt: skip
 
 
+def _stamp_end(wait: Any) -> Any:
+    """`Work.wait`: the end of the synchronous op just made (see `Checker.collective`)."""
+
+    @functools.wraps(wait)
+    def stamped(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        result = wait(*args, **kwargs)
+        entry = local.unwaited
+        if entry is not None:
+            local.unwaited = None
+            entry[END] = time.monotonic_ns()
+        return result
+
+    return stamped
+
+
 def _awake(fn: Any) -> Any:
     """`fn` with inference mode off while it runs, if it was on (see the module doc)."""
 
@@ -150,6 +169,7 @@ class Patches:
             self._patch(dist.ProcessGroup, name, _awake)
         for name in _FUNCTIONAL:
             self._patch(funcol, name, _awake)
+        self._patch(dist.Work, "wait", _stamp_end)
         self._patch(ddp_module, "_verify_param_shape_across_processes", _verify_wrapper)
         self._patch(ddp_module.DistributedDataParallel, "__init__", _ddp_init_wrapper)
         self._patch(ddp_module.DistributedDataParallel, "forward", _ddp_forward_wrapper)

@@ -80,6 +80,7 @@ class _Local(threading.local):
     depth = 0  # > 0 inside a checked op, or inside `unchecked()`, on this thread
     context: Context | None = None
     ddp_model: Any = None  # the DDP model being built (see `context`)
+    unwaited: list[Any] | None = None  # the event of the last synchronous op, until its wait
 
 
 local = _Local()
@@ -153,4 +154,6 @@ def _traced(args: tuple[Any, ...]) -> bool:
     first: Any = args[0] if args else None
     while isinstance(first, (list, tuple)):
         first = first[0] if first else None
+    if type(first) is torch.Tensor:  # the usual case, answered without asking the dispatcher
+        return False
     return isinstance(first, torch.Tensor) and torch._C._dispatch_keys(first).has(_PYTHON)
