@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import json
 import xml.etree.ElementTree as ET
@@ -334,3 +335,11 @@ def test_the_facade_imports_its_renderers_and_none_imports_it() -> None:
     assert {p.stem for p in renderers} >= {"model", "summary", "svg", "mpl", "trace", "widget"}
     for path in renderers:
         assert "distnb.views.timeline" not in imported_modules(path.read_text()), path.name
+
+
+def test_origins_show_beside_call_sites() -> None:
+    bucket = "DDP gradient bucket 0 (fc.bias, fc.weight)"
+    events = [dataclasses.replace(e, origin=bucket) if e.rank == 2 else e for e in straggling()]
+    view = TimelineView(events)
+    assert f"dist.all_reduce(x) [{bucket}]" in repr(view)  # the straggler's site, in the text
+    assert f"[{bucket}]" in view._repr_html_()  # and in the drawing's tooltips

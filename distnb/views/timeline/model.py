@@ -93,6 +93,7 @@ class RankSlot:
     wait_ns: int
     nbytes: int
     site: CallSite
+    origin: str = ""  # the library code the call came through ("DDP gradient bucket 0 (...)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +286,7 @@ def _collective(evs: Sequence[CollectiveEvent], shift: Mapping[int, int]) -> Col
             wait_ns=last - a,
             nbytes=e.nbytes,
             site=e.site,
+            origin=e.origin,
         )
         for e, a in zip(evs, arrive, strict=True)
     )

@@ -88,7 +88,9 @@ def wait_rows(tl: Timeline) -> list[list[str]]:
 
 def _site(c: Collective) -> str:
     site = c.site
-    return f"{site}: {site.code.strip()}" if site.code else str(site)
+    text = f"{site}: {site.code.strip()}" if site.code else str(site)
+    origin = next((s.origin for s in c.slots if s.rank == c.last_rank), "")
+    return f"{text} [{origin}]" if origin else text
 
 
 def incomplete_note(tl: Timeline) -> str:

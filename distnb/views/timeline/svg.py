@@ -47,12 +47,13 @@ def collective_title(c: Collective) -> str:
         f"{c.group} #{c.seq} {c.op} · {format_bytes(c.nbytes)} · {dur} · last: rank "
         f"{c.last_rank} (+{format_ns(c.lead_ns)}) · waits {format_ns(c.total_wait_ns)}"
     ]
-    by_site: dict[CallSite, list[int]] = {}
+    by_site: dict[tuple[CallSite, str], list[int]] = {}
     for s in c.slots:
-        by_site.setdefault(s.site, []).append(s.rank)
-    for site, ranks in by_site.items():
+        by_site.setdefault((s.site, s.origin), []).append(s.rank)
+    for (site, origin), ranks in by_site.items():
         who = "" if len(by_site) == 1 else f"{format_ranks(ranks)}: "
-        lines.append(f"{who}{site}" + (f": {site.code.strip()}" if site.code else ""))
+        code = f": {site.code.strip()}" if site.code else ""
+        lines.append(f"{who}{site}{code}" + (f" [{origin}]" if origin else ""))
     return "\n".join(lines)
 
 

@@ -72,6 +72,7 @@ def _slot_events(tl: Timeline, c: Collective, s: RankSlot, tid: int) -> list[dic
         "nccl_bytes": c.nbytes,
         "call_site": site,
         "code": s.site.code,
+        "origin": s.origin,
         "wait_us": s.wait_ns / 1000,
         "last_rank": c.last_rank,
     }
