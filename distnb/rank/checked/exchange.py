@@ -60,6 +60,7 @@ from typing import Protocol, cast
 
 from torch._C._distributed_c10d import Store
 
+from distnb import keys
 from distnb.rank.checked import futex
 
 __all__ = [
@@ -283,7 +284,7 @@ class StoreBoard:
         self.known: set[str] = set()
 
     def key(self, ring: int, stamp: int) -> str:
-        return f"{self.prefix}/{ring}/{stamp % self.depth}"
+        return keys.slot(self.prefix, ring, stamp % self.depth)
 
     def post(self, ring: int, stamp: int, payload: bytes) -> None:
         self.store.set(self.key(ring, stamp), _raw(_WIRE_STAMP.pack(stamp) + payload))
