@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -44,6 +42,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from spawned import Spawned  # noqa: E402
 
 from distnb import keys  # noqa: E402  (after the path: the bench runs from a checkout)
 
@@ -218,28 +218,34 @@ class _Rig:
     def cpu_cost(self, iters: int) -> dict[str, float]:
         """The check's own CPU time per call, with nobody to wait for: an all_reduce on this
         rank's one-member group, checked (kernel, describe, call site, fingerprint, verdict,
-        event) against unchecked; and `Recorder.add` alone."""
+        event) against torch without distnb (uninstalled for the turn); and `Recorder.add`."""
         import torch
         import torch.distributed as dist
 
         from distnb.rank import checked
         from distnb.rank.checked.recorder import Recorder
 
+        checker = checked._checker
+        assert checker is not None
+        store, session = checker.store, checker.session_id
         groups = [dist.new_group([r]) for r in range(self.world)]
         mine = groups[self.rank]
         x = torch.ones(8)
         result = {}
         # CPU time of this process, not wall time: on a busy machine a rank is often descheduled
         clock = time.process_time_ns
-        for name in ("bare", "checked"):
-            best = float("inf")
-            with checked.unchecked() if name == "bare" else _nothing():
-                for _ in range(5):
-                    t0 = clock()
-                    for _ in range(iters):
-                        dist.all_reduce(x, group=mine)
-                    best = min(best, (clock() - t0) / iters / 1e3)
+        for name in ("bare", "checked", "bare", "checked"):
+            if name == "bare":
+                checked.uninstall()
+            best = result.get(name, float("inf"))
+            for _ in range(3):
+                t0 = clock()
+                for _ in range(iters):
+                    dist.all_reduce(x, group=mine)
+                best = min(best, (clock() - t0) / iters / 1e3)
             result[name] = best
+            if name == "bare":
+                checked.install(store, rank=self.rank, world_size=self.world, session_id=session)
         rec = Recorder(10_000)
         site = ("f.py", 1, -1, "")
         t0 = clock()
@@ -257,46 +263,15 @@ class _nothing:
         return None
 
 
-class Cluster:
+class Cluster(Spawned):
     def __init__(self, world: int) -> None:
         import torch.distributed as dist
 
-        self.world = world
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = dist.TCPStore(
-            "127.0.0.1",
-            self.port,
-            None,
-            True,
-            timeout=datetime.timedelta(seconds=60),
-            wait_for_workers=False,
-        )
+        super().__init__(world, _worker)
         self.check = dist.PrefixStore("check", self.server)
-        ctx = mp.get_context("spawn")
-        self.conns, self.procs = [], []
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, world, self.port, child), daemon=True)
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        for conn in self.conns:
-            assert conn.recv() == "ready"
 
     def ask(self, name: str, **kwargs: Any) -> list[Any]:
-        for conn in self.conns:
-            conn.send((name, kwargs))
-        return [conn.recv() for conn in self.conns]
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.send(None)
-        for proc in self.procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        return self.request((name, kwargs))
 
 
 # --- measurements -------------------------------------------------------------------------------

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -38,6 +36,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from spawned import Spawned  # noqa: E402  (bench/ is on the path when the bench runs)
 
 MODES = ("unchecked", "again", "checked", "DETAIL")
 DETAIL_MODELS = ("FSDP2 10M MLP",)  # see DETAIL above
@@ -157,42 +157,13 @@ def _worker(rank: int, world: int, port: int, detail: bool, conn: Connection) ->
     dist.destroy_process_group()
 
 
-class Ranks:
+class Ranks(Spawned):
     def __init__(self, world: int, detail: bool = False) -> None:
-        import torch.distributed as dist
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.server = dist.TCPStore(
-            "127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=60)
-        )
-        ctx = mp.get_context("spawn")
-        self.conns: list[Connection] = []
-        self.procs: list[Any] = []
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            args = (rank, world, port, detail, child)
-            proc = ctx.Process(target=_worker, args=args, daemon=True)
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        for conn in self.conns:
-            assert conn.recv() == "ready"
+        super().__init__(world, _worker, detail)
 
     def time(self, model: str, mode: str, steps: int) -> list[int]:
-        for conn in self.conns:
-            conn.send({"model": model, "mode": mode, "steps": steps})
-        per_rank = [conn.recv() for conn in self.conns]
+        per_rank = self.request({"model": model, "mode": mode, "steps": steps})
         return [max(ts) for ts in zip(*per_rank, strict=True)]
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.send(None)
-        for proc in self.procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
 
 
 def measure(

@@ -63,8 +63,6 @@ __all__ = [
 _checker: Checker | None = None
 _interceptor = Interceptor()
 _patches: Patches | None = None
-# unchecked() blocks open on any thread: DDP's reducer on CUDA runs in autograd's own threads
-_unchecked_blocks = 0
 # installs per session: part of the shared-memory names, so that a re-install never meets the
 # files of the one before (every rank of a session installs and uninstalls together)
 _generations: dict[str, int] = {}
@@ -107,16 +105,7 @@ def install(
     p2p = P2P(checker)
     _patches = Patches(send=p2p.send, recv=p2p.recv, batch=p2p.batch)
     _checker = checker
-    _interceptor.install(_checking(checker.collective), _checking(p2p.op))
-
-
-def _checking(check: Callable[[Any, Callable[[], Any]], Any]) -> Any:
-    def checked(call: Any, dispatch: Callable[[], Any]) -> Any:
-        if _unchecked_blocks:
-            return dispatch()
-        return check(call, dispatch)
-
-    return checked
+    _interceptor.install(checker.collective, p2p.op)
 
 
 def uninstall() -> None:
@@ -153,12 +142,11 @@ def unchecked() -> Iterator[None]:
 
     The block covers collectives made from other threads meanwhile (DDP's reducer on CUDA).
     """
-    global _unchecked_blocks
-    _unchecked_blocks += 1
+    _interceptor.paused += 1
     try:
         yield
     finally:
-        _unchecked_blocks -= 1
+        _interceptor.paused -= 1
 
 
 @contextmanager

@@ -8,6 +8,7 @@ functions pass a `ProcessGroup`, the dispatcher a boxed one, functional collecti
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "Spec",
     "Unchecked",
     "group_name",
+    "local",
     "nbytes",
     "reduce_name",
     "spec",
@@ -37,6 +39,18 @@ _dtype_names: dict[torch.dtype, str] = {}
 # ReduceOp.RedOpType values, as the dispatcher's boxed ReduceOp reports them (`.op()`)
 _REDUCE_NAMES = {v.value: name for name, v in dist.ReduceOp.RedOpType.__members__.items()}
 _funcol_reduce: dict[str, str] = {}
+
+
+class _Local(threading.local):
+    """What the checked runtime keeps per thread."""
+
+    depth = 0  # > 0 inside a checked op (the ops it makes in turn pass through)
+    context: Any = None  # what a Python-level caller adds (`intercept.Context`)
+    ddp_model: Any = None  # the DDP model being built (see `context`)
+    unwaited: list[Any] | None = None  # the event of the last synchronous op, until its wait
+
+
+local = _Local()
 
 
 class Unchecked(Exception):

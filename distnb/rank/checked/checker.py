@@ -32,8 +32,7 @@ from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked import origin as origin_of
-from distnb.rank.checked.calls import Call, Core
-from distnb.rank.checked.intercept import local
+from distnb.rank.checked.calls import Call, Core, local
 from distnb.rank.checked.monitor import Wait, WaitMonitor, mismatch_error
 from distnb.rank.checked.origin import BACKWARD
 from distnb.rank.checked.recorder import END, Recorder

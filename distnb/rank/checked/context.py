@@ -35,8 +35,8 @@ from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import distributed as ddp_module
 
 from distnb.rank.checked import origin
-from distnb.rank.checked.calls import spec
-from distnb.rank.checked.intercept import Context, local
+from distnb.rank.checked.calls import local, spec
+from distnb.rank.checked.intercept import Context
 from distnb.rank.checked.recorder import END
 
 __all__ = ["Patches", "using"]

@@ -31,17 +31,16 @@ checked op runs (a functional collective calls `c10d::*` in turn) pass straight 
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from distnb.rank.checked.calls import Call
+from distnb.rank.checked.calls import Call, local
 from distnb.rank.checked.ops import OPS, P2P_OPS, Describe
 
-__all__ = ["KEY", "Context", "Interceptor", "local"]
+__all__ = ["KEY", "Context", "Interceptor"]
 
 KEY = "ADInplaceOrView"
 _BELOW = torch._C._after_ADInplaceOrView_keyset
@@ -76,25 +75,18 @@ class Context:
             self.params = ()  # the first op of the call carries them
 
 
-class _Local(threading.local):
-    depth = 0  # > 0 inside a checked op, or inside `unchecked()`, on this thread
-    context: Context | None = None
-    ddp_model: Any = None  # the DDP model being built (see `context`)
-    unwaited: list[Any] | None = None  # the event of the last synchronous op, until its wait
-
-
-local = _Local()
-
 # check(call, dispatch) runs the real op through `dispatch()` once the call has been checked
 Check = Callable[[Call, Callable[[], Any]], Any]
 
 
 class Interceptor:
-    """The registered kernels. `check` is None while nothing should be checked."""
+    """The registered kernels. `check` is None while nothing should be checked; `paused` counts
+    the `unchecked()` blocks open on any thread (DDP's reducer on CUDA runs in autograd's)."""
 
     def __init__(self) -> None:
         self.check: Check | None = None
         self.p2p: Check | None = None
+        self.paused = 0
         self._libraries: dict[str, torch.library.Library] = {}
 
     def install(self, check: Check, p2p: Check) -> None:
@@ -123,7 +115,7 @@ class Interceptor:
             __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
             below = keyset & _BELOW
             check = self.check
-            if check is None or local.depth or _traced(args):
+            if check is None or self.paused or local.depth or _traced(args):
                 return op.redispatch(below, *args, **kwargs)
 
             def dispatch() -> Any:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from distnb.rank.checked.calls import group_name
+
 __all__ = [
     "BACKWARD",
     "COMPILED",
@@ -125,8 +127,6 @@ def rule_for(path: str, function: str) -> Rule | None:
 def ddp_bucket(group: str, index: int) -> str:
     """`DDP gradient bucket 0 (fc.bias, fc.weight)`: bucket `index` of the DDP model on `group`
     (its parameters as `remember_buckets` last read them); without one, only its number."""
-    from distnb.rank.checked.calls import group_name
-
     for model in list(DDP_MODELS):
         names = _buckets.get(id(model))
         if names is None or group_name(model.process_group) != group:
