@@ -145,6 +145,7 @@ class Checker:
 
     def collective(self, call: Call, dispatch: Callable[[], Any]) -> Any:
         """Check `call` with its group's other members, then run it through `dispatch()`."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         arrive = time.monotonic_ns()
         g = self.group(call.group)
         if g is None:
@@ -217,6 +218,7 @@ class Checker:
     def _exchange(self, g: Group, seq: int, core: Core, where: Where) -> bool:
         """Post, collect, judge. True when Ctrl-C came after every peer had posted: the caller
         finishes the collective (peers are already in it) and then raises KeyboardInterrupt."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         mine = marshal.dumps(core, 0)
         payload = encode(mine, where)
         interrupted = False
@@ -258,6 +260,7 @@ class Checker:
         self, g: Group, seq: int, stamp: int, core: Core, where: Where
     ) -> tuple[list[bytes], bool]:
         """Wait for every peer's fingerprint; see `_exchange` for what the bool means."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         assert g.board is not None
         wait = Wait(
             WaitKind.COLLECTIVE,
@@ -290,6 +293,7 @@ class Checker:
         self, board: exchange.Board, rings: Sequence[int], stamp: int, wait: Wait
     ) -> list[bytes]:
         """`exchange.collect`, watched: beacon, abort key and deadlock check on long waits."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         self.monitor.start(wait)
         try:
             return exchange.collect(board, rings, stamp, self.monitor.tick)

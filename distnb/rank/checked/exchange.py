@@ -345,6 +345,7 @@ def collect(board: Board, rings: Sequence[int], stamp: int, tick: Tick) -> list[
     A ring that holds `LAPPED` yields `LAPPED`. `tick(elapsed_ns, missing_rings)` runs every
     `TICK_NS` while waiting; it raises to stop the wait (abort key), as does KeyboardInterrupt.
     """
+    __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
     got: list[bytes] = [LAPPED] * len(rings)
     missing = _poll(board, rings, stamp, list(range(len(rings))), got)
     if not missing:

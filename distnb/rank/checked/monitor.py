@@ -125,6 +125,7 @@ class WaitMonitor:
             self._post(Beacon(self.rank, BeaconState.RUNNING, self.run_id, time.time()))
 
     def tick(self, elapsed_ns: int, missing_rings: Sequence[int]) -> None:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         wait = self.current
         if wait is None:
             return
@@ -164,6 +165,7 @@ class WaitMonitor:
         )
 
     def _check_abort(self, wait: Wait, missing: Sequence[int]) -> None:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         key = keys.abort(self.run_id)
         if not self.store.check([key]):
             return
@@ -176,6 +178,7 @@ class WaitMonitor:
         raise CollectiveDesyncError(message)
 
     def _check_deadlock(self, wait: Wait, missing: Sequence[int]) -> None:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         names = [keys.beacon(r) for r in missing]
         if self._mine is None or not self.store.check(names):
             return

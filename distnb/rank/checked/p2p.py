@@ -59,6 +59,7 @@ class P2P:
 
     def op(self, call: Call, dispatch: Callable[[], Any]) -> Any:
         """A checked send or receive op (`intercept`'s kernel hands them here)."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         c = self.checker
         g = c.group(call.group)
         if call.op == "recv_any":
@@ -210,6 +211,7 @@ class P2P:
 
         Returns (channel, message number, mismatch or None); None also when the sender lapped us.
         """
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         c = self.checker
         key = (g.name, peer, c.rank, call.tag)
         n = c.received.get(key, 0)
