@@ -9,6 +9,7 @@ from distnb.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_CPU_RANKS = 2
+REGISTER_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class Options:
     host: str = "127.0.0.1"
     check: bool = True
     progress: bool = True
+    register_timeout: float = REGISTER_TIMEOUT_S
 
     def validated(self) -> Options:
         n = self.n
@@ -30,6 +32,7 @@ class Options:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         check_timeout(self.timeout)
+        check_timeout(self.register_timeout, "register_timeout", "--register-timeout 300")
         if not self.engines or not isinstance(self.engines, str):
             raise ConfigError(
                 f"engines must name an ipyparallel launcher (local, mpi, slurm, "
@@ -51,10 +54,12 @@ class Options:
         return replace(self, n=n)
 
 
-def check_timeout(timeout: float | None) -> None:
+def check_timeout(
+    timeout: float | None, name: str = "timeout", example: str = "--timeout 30"
+) -> None:
     if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
         raise ConfigError(
-            f"timeout must be a number of seconds > 0, got {timeout!r}; e.g. --timeout 30"
+            f"{name} must be a number of seconds > 0, got {timeout!r}; e.g. {example}"
         )
 
 

@@ -1,0 +1,201 @@
+"""Which process of a cluster died, what that means, and what a dying rank last said.
+
+Terms: a **member** is a process distnb started for a session's cluster (the controller, its
+heart monitor, an engine, an engine's nanny, a launcher such as mpiexec), with its **role**.
+The session watches the vital ones while a cell runs and before each cell, so the death of any
+of them is named at once with what it means and what to run, instead of a cell that hangs.
+
+A rank that dies writes its last words to its log file: what the cell printed (engines echo
+it there), gloo's or NCCL's abort reason (`terminate called after throwing an instance of
+'gloo::EnforceNotMet'`) and, from `faulthandler`, the Python stack it died in. `death_report`
+takes the part of the log written since the cell started and turns it into the report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from distnb.ranklist import format_ranks
+from distnb.records.cell import RankInfo
+
+__all__ = [
+    "RESTART",
+    "Member",
+    "Role",
+    "boards_pattern",
+    "crash_site",
+    "death_report",
+    "loss_reason",
+    "member_name",
+    "own_lines",
+    "stopped_detail",
+    "stopped_message",
+]
+
+RESTART = "Run %dist_restart (or session.restart()) for a working cluster."
+LAST_LINES = 8  # of a dead rank's output, in its report
+_LINE_CHARS = 300
+
+# ipyparallel's log lines: "2026-11-21 09:00:00.123 [IPEngine...] ..."
+_IPP_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \[")
+# faulthandler's dump starts with this line; its frames read `  File "PATH", line N in NAME`.
+_FATAL = "Fatal Python error:"
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+# IPython compiles an engine's cells to files like /tmp/ipykernel_4242/123456.py.
+_CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Role(str, Enum):
+    """What a member of the cluster is, in the words a report uses."""
+
+    CONTROLLER = "the ipyparallel controller"
+    HEART = "the ipyparallel controller's heart monitor"
+    ENGINE = "engine"
+    NANNY = "nanny"
+    LAUNCHER = "the engines' launcher"
+    OTHER = "process"
+
+    @property
+    def vital(self) -> bool:
+        """The cluster cannot work without it (a launcher may end once its engines run)."""
+        return self in (Role.CONTROLLER, Role.HEART, Role.ENGINE, Role.NANNY)
+
+
+# What the loss of each vital member means for the session.
+_MEANS = {
+    Role.CONTROLLER: "the kernel can no longer reach the ranks (they may still be running)",
+    Role.HEART: "without its heartbeat the ranks stop themselves within about 30 s",
+    Role.ENGINE: "the process group lost a member",
+    Role.NANNY: "that rank can no longer be interrupted, and its death would go unseen",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A process of the cluster: its pid, role, and the pid that started it (0: a launcher)."""
+
+    pid: int
+    role: Role
+    parent: int = 0
+
+
+def member_name(member: Member, ranks: Sequence[RankInfo]) -> str:
+    """`rank 1 (pid 4242 on vm)`, `rank 1's nanny (pid 4250)`, `the ipyparallel controller
+    (pid 4240)`."""
+    by_pid = {r.pid: r for r in ranks}
+    if member.role is Role.ENGINE and (info := by_pid.get(member.pid)) is not None:
+        return f"rank {info.rank} (pid {info.pid} on {info.host})"
+    if member.role is Role.NANNY and (info := by_pid.get(member.parent)) is not None:
+        return f"rank {info.rank}'s nanny (pid {member.pid}, ipyparallel's signal relay)"
+    if member.role in (Role.ENGINE, Role.NANNY):
+        return f"an {member.role.value} (pid {member.pid})"
+    return f"{member.role.value} (pid {member.pid})"
+
+
+def loss_reason(member: Member, how: str, ranks: Sequence[RankInfo], when: str = "") -> str:
+    """The whole sentence for a session that lost a member, with what to run.
+
+    >>> loss_reason(Member(4240, Role.CONTROLLER), "was killed by SIGKILL", [], " in cell In[3]")
+    'the ipyparallel controller (pid 4240) was killed by SIGKILL in cell In[3]: the kernel can
+    no longer reach the ranks (they may still be running). Run %dist_restart ...'
+    """
+    means = _MEANS.get(member.role, "the cluster lost a process")
+    return f"{member_name(member, ranks)} {how}{when}: {means}. {RESTART}"
+
+
+def own_lines(text: str) -> list[str]:
+    """The lines of a log that the process wrote itself, not ipyparallel's logging (which is
+    what follows a crash, and would hide what the crash printed); long lines are cut."""
+    lines = []
+    for line in text.splitlines():
+        if line.strip() and not _IPP_LOG.match(line):
+            cut = line.rstrip()
+            lines.append(cut if len(cut) <= _LINE_CHARS else cut[:_LINE_CHARS] + " ...")
+    return lines
+
+
+def crash_site(lines: Sequence[str], code: str) -> str:
+    """`, at line 4: dist.broadcast(x, src=1)` from faulthandler's dump of a dying rank: the
+    innermost frame of the cell (its line looked up in the cell's `code`), else of a file of
+    the user's (a script); "" when the dump names neither."""
+    fallback = ""
+    for line in lines:
+        frame = _FRAME.match(line)
+        if frame is None:
+            continue
+        path, number = frame["file"], int(frame["line"])
+        if _CELL_FILE.search(path):
+            source = code.splitlines()
+            text = source[number - 1].strip() if 0 < number <= len(source) else ""
+            return f", at line {number}: {text}" if text else f", at line {number}"
+        if not fallback and not _is_library(path):
+            fallback = f", at {path} line {number}"
+    return fallback
+
+
+def death_report(
+    info: RankInfo, how: str, when: str, log: str, code: str | None, shared: bool = False
+) -> list[str]:
+    """The lines of a `RankDiedError` for one rank: who, how and when (" in cell In[4]") it
+    died, at which line of `code` (the cell it ran, if known), and its last output (`log`: what
+    it wrote since the cell started, gloo's or NCCL's abort reason included; `shared`: the log
+    of a launcher that every rank writes to, such as mpiexec's).
+    """
+    lines = own_lines(log)
+    fatal = next((i for i, line in enumerate(lines) if line.startswith(_FATAL)), len(lines))
+    said, dump = lines[:fatal], lines[fatal:]
+    site = crash_site(dump, code) if code is not None else ""
+    report = [f"rank {info.rank} (pid {info.pid} on {info.host}) {how}{when}{site}"]
+    if said:
+        shown = said[-LAST_LINES:]
+        more = f" (the last {len(shown)} of {len(said)} lines)" if len(said) > len(shown) else ""
+        whose = (
+            "the launcher's last output (every rank writes to it)" if shared else "its last output"
+        )
+        report.append(f"  {whose}{more}:")
+        report.extend("    " + line for line in shown)
+    return report
+
+
+def boards_pattern(session_id: str) -> str:
+    """The files of a session's shared-memory boards (/dev/shm/distnb-...), which the reaper
+    removes if the kernel dies while a board has not been unlinked yet."""
+    from distnb.rank.checked.exchange import shm_path
+
+    return shm_path(session_id, "") + "*"
+
+
+def stopped_detail(info: RankInfo) -> tuple[str, str]:
+    """A hang report's (detail, stack) for a rank whose process is stopped."""
+    return (
+        f"stopped (pid {info.pid} is suspended: SIGSTOP, Ctrl-Z or a debugger; "
+        f"kill -CONT {info.pid} resumes it)",
+        "(no stack: a stopped process cannot answer)",
+    )
+
+
+def stopped_message(stopped: Sequence[RankInfo]) -> str:
+    pids = " ".join(str(t.pid) for t in stopped)
+    verb = "is" if len(stopped) == 1 else "are"
+    return (
+        f"{format_ranks(t.rank for t in stopped)} {verb} stopped, not running: kill -CONT "
+        f"{pids} continues this cell there (the next cell waits for it), or run %dist_restart."
+    )
+
+
+def _is_library(path: str) -> bool:
+    """Python's own files, installed packages and distnb's (its frames say nothing to users)."""
+    if (
+        path.startswith(_PACKAGE)
+        or "/site-packages/" in path
+        or "/dist-packages/" in path
+        or path.startswith("<")
+    ):
+        return True
+    return path.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix))

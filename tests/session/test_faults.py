@@ -1,0 +1,371 @@
+"""Fault injection: every process of a session's cluster killed in each phase, on real processes.
+
+Each case kills one process (controller, its heart monitor, an engine, a nanny, the reaper)
+while the ranks are idle, run Python, or wait at a checked collective, or while the cluster
+starts, stops or restarts, and asserts what a user sees: the error type and text (which process,
+what to run), how soon it comes, `status()` saying it, a working cluster after `restart()`, and
+no process or shared-memory board left once the session stops. One session is shared and
+restarted after each fault; where a fault leaves it usable (the reaper, a stopped rank), the
+next case goes on with it. The kernel's own death is in `test_kernel_faults.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from distnb.errors import RankDiedError, RankTimeoutError, SessionError
+from distnb.session import Session
+from distnb.session import start as start_session
+from distnb.session.cluster import Cluster
+from distnb.session.watch import Member, Role, boards_pattern
+from tests.conftest import children_of_this_process, running
+
+pytestmark = pytest.mark.cluster
+
+NOTICED_S = 5.0  # a fault is named within this (a loaded 2-core machine; typically < 1.5 s)
+SLEEP = "import time\ntime.sleep(60)\n"
+
+
+class Matrix:
+    """The shared session, and every pid and board of every cluster it has had."""
+
+    def __init__(self) -> None:
+        self.s = start_session(2, progress=False)
+        self.pids: set[int] = set()
+        self.sessions: set[str] = set()
+        self.note()
+
+    def note(self) -> None:
+        if self.s.running and self.s._control is not None:
+            self.pids.update(self.s.pids())
+            self.sessions.add(self.s._control.session_id)
+
+    def member(self, role: Role, rank: int = 1) -> Member:
+        assert self.s._cluster is not None
+        members = [m for m in self.s._cluster.members() if m.role is role]
+        if role is Role.ENGINE:
+            return next(m for m in members if m.pid == self.s.ranks[rank].pid)
+        if role is Role.NANNY:
+            return next(m for m in members if m.parent == self.s.ranks[rank].pid)
+        (only,) = members
+        return only
+
+    def recover(self) -> None:
+        """`restart()` gives a working cluster, and the old one is gone."""
+        old = self.s.pids()
+        self.s.restart()
+        self.note()
+        assert not running(old)
+        assert self.s.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(1) == "2.0"
+        assert self.s.status().note == ""
+
+
+@pytest.fixture(scope="module")
+def matrix() -> Iterator[Matrix]:
+    m = Matrix()
+    yield m
+    m.note()
+    m.s.stop()
+    assert not running(sorted(m.pids))
+    assert not [f for sid in m.sessions for f in glob.glob(boards_pattern(sid))]
+
+
+def kill_at_cell_start(pid: int, sig: int = signal.SIGKILL) -> str:
+    """A cell in which rank 0 sends `sig` to `pid` at once, then both ranks sleep."""
+    return f"import os\nif rank == 0:\n    os.kill({pid}, {int(sig)})\n" + SLEEP
+
+
+def when_waiting(s: Session, rank: int, action: Callable[[], None]) -> threading.Thread:
+    """Run `action` once `rank` waits at a checked collective in the next cell (its beacon)."""
+    run_id = s._runs + 1
+    assert s._control is not None
+    control = s._control
+
+    def watch() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(b.waiting and b.run_id == run_id for b in control.beacons([rank])):
+                action()
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def gone(pid: int) -> None:
+    """Wait until `pid` has ended, all its threads included (its pidfd is readable then; a
+    SIGKILLed engine's main thread shows as a zombie a moment before its other threads end)."""
+    fd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(10_000), f"process {pid} still runs"
+    finally:
+        os.close(fd)
+
+
+def raised(s: Session, code: str, **kwargs: Any) -> tuple[BaseException, float]:
+    started = time.monotonic()
+    with pytest.raises((RankDiedError, SessionError, RankTimeoutError)) as info:
+        s.run(code, **kwargs)
+    return info.value, time.monotonic() - started
+
+
+# --- a rank's engine ------------------------------------------------------------------------
+
+
+def test_a_rank_terminated_mid_cell_is_named_at_once(matrix: Matrix) -> None:
+    # ipyparallel's engine would finish the cell first (forever, here); SIGKILL mid-cell is in
+    # test_lifecycle.py
+    s = matrix.s
+    sig = signal.SIGTERM
+    s.run("print('an earlier cell', rank)")
+    pid = matrix.member(Role.ENGINE, rank=1).pid
+    code = "print('cell started', rank, flush=True)\n" + kill_at_cell_start(pid, sig)
+    err, took = raised(s, code)
+    assert isinstance(err, RankDiedError), err
+    text = str(err)
+    assert f"rank 1 (pid {pid} on" in text and f"killed by {signal.Signals(sig).name}" in text
+    assert "%dist_restart" in text and took < NOTICED_S
+    assert "an earlier cell" not in text  # only this cell's output
+    assert f"killed by {signal.Signals(sig).name}" in s.status().note
+    matrix.recover()
+
+
+def test_a_rank_waiting_at_a_collective_killed(matrix: Matrix) -> None:
+    s = matrix.s
+    pid = matrix.member(Role.ENGINE, rank=0).pid
+    killed: list[float] = []
+    when_waiting(s, 0, lambda: (killed.append(time.monotonic()), os.kill(pid, signal.SIGKILL)))
+    code = "x = torch.ones(1)\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(x)\n"
+    err, _ = raised(s, "import time\n" + code)
+    assert isinstance(err, RankDiedError) and f"rank 0 (pid {pid} on" in str(err)
+    assert "killed by SIGKILL" in str(err)
+    assert time.monotonic() - killed[0] < NOTICED_S
+    matrix.recover()
+
+
+def test_a_rank_aborted_by_gloo_shows_that_cells_line_and_glooss_reason(matrix: Matrix) -> None:
+    s = matrix.s
+    s.run("print('Nothing was sent; an earlier cell', rank)")
+    code = (
+        "t = torch.arange(5.0) if rank == 0 else torch.arange(10.0)\n"
+        "print('about to broadcast', flush=True)\n"
+        "dist.broadcast(t, src=1)\n"
+    )
+    err, took = raised(s, code, check=False, timeout=30)
+    text = str(err)
+    assert isinstance(err, RankDiedError), text
+    assert "rank 0 (pid" in text and "killed by SIGABRT" in text, text
+    assert "at line 3: dist.broadcast(t, src=1)" in text
+    assert "about to broadcast" in text and "gloo::EnforceNotMet" in text
+    assert "Received data size doesn't match" in text
+    assert "earlier cell" not in text and took < NOTICED_S
+    matrix.recover()
+
+
+def test_a_rank_killed_while_idle_is_named_by_the_next_cell(matrix: Matrix) -> None:
+    s = matrix.s
+    pid = matrix.member(Role.ENGINE, rank=0).pid
+    os.kill(pid, signal.SIGKILL)
+    gone(pid)
+    err, took = raised(s, "pass")
+    assert isinstance(err, RankDiedError) and took < 1.0
+    assert f"rank 0 (pid {pid} on" in str(err) and "killed by SIGKILL before cell" in str(err)
+    assert f"rank 0 (pid {pid} on" in s.status().note
+    with pytest.raises(SessionError, match="dist_restart"):
+        s.run("pass")
+    matrix.recover()
+
+
+def test_a_stopped_rank_is_reported_stopped_and_continues(matrix: Matrix) -> None:
+    s = matrix.s
+    pid = matrix.member(Role.ENGINE, rank=1).pid
+    code = "import os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
+    with pytest.raises(RankTimeoutError) as info:
+        s.run(code, timeout=1.5)
+    report = {r.rank: r for r in info.value.reports}
+    assert report[1].detail.startswith("stopped") and f"kill -CONT {pid}" in report[1].detail
+    assert "rank 1 is stopped" in str(info.value) and report[0].state.value == "finished"
+    os.kill(pid, signal.SIGCONT)
+    # the interrupt sent at the timeout ends the old cell; the cluster goes on, no restart
+    assert s.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(0) == "2.0"
+
+
+# --- nannies, the controller and its heart monitor ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "said"),
+    [
+        (Role.CONTROLLER, "controller (pid {pid}) was killed by SIGKILL"),
+        (Role.HEART, "heart monitor (pid {pid}) died"),
+        (Role.NANNY, "rank 1's nanny (pid {pid}"),
+    ],
+    ids=["controller", "heart-monitor", "nanny"],
+)
+def test_a_vital_process_killed_mid_cell(matrix: Matrix, role: Role, said: str) -> None:
+    s = matrix.s
+    pid = matrix.member(role).pid
+    err, took = raised(s, kill_at_cell_start(pid))
+    assert isinstance(err, SessionError), err
+    assert said.format(pid=pid) in str(err) and "while cell" in str(err)
+    assert "%dist_restart" in str(err) and took < NOTICED_S
+    assert said.format(pid=pid) in s.status().note
+    matrix.recover()
+
+
+def test_the_controller_terminated_while_a_rank_waits_at_a_collective(matrix: Matrix) -> None:
+    s = matrix.s
+    pid = matrix.member(Role.CONTROLLER).pid
+    killed: list[float] = []
+    when_waiting(s, 0, lambda: (killed.append(time.monotonic()), os.kill(pid, signal.SIGTERM)))
+    code = "import time\nx = torch.ones(1)\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(x)\n"
+    err, _ = raised(s, code)
+    # on SIGTERM the controller ends its heart monitor, then itself: the controller is named
+    assert isinstance(err, SessionError), err
+    assert f"controller (pid {pid}) exited with code 0 while cell" in str(err)
+    assert time.monotonic() - killed[0] < NOTICED_S
+    matrix.recover()
+
+
+def test_the_controller_killed_while_idle(matrix: Matrix) -> None:
+    # the same path as a nanny or the heart monitor: the next cell looks before it is sent
+    s = matrix.s
+    pid = matrix.member(Role.CONTROLLER).pid
+    os.kill(pid, signal.SIGKILL)
+    gone(pid)
+    err, took = raised(s, "pass")
+    assert isinstance(err, SessionError) and f"(pid {pid}" in str(err) and took < 1.5
+    assert f"(pid {pid}" in s.status().note
+    matrix.recover()
+
+
+def test_a_killed_reaper_is_replaced_and_cells_go_on(matrix: Matrix) -> None:
+    s = matrix.s
+    assert s._cluster is not None
+    reaper = s._cluster._reaper
+    os.kill(reaper.pid, signal.SIGKILL)  # idle
+    deadline = time.monotonic() + 5
+    while reaper.restarts < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.run(f"import os\nif rank == 0:\n    os.kill({reaper.pid}, {int(signal.SIGTERM)})\n")
+    deadline = time.monotonic() + 5
+    while not (reaper.restarts == 2 and running([reaper.pid])) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reaper.restarts == 2 and running([reaper.pid]) and s.status().note == ""
+    matrix.note()
+
+
+# --- starting, stopping, restarting -------------------------------------------------------------
+
+
+def kill_when(monkeypatch: pytest.MonkeyPatch, method: str, role: Role) -> list[int]:
+    """Patch `Cluster.<method>` to SIGKILL the first member with `role` before it runs."""
+    original = getattr(Cluster, method)
+    killed: list[int] = []
+
+    def patched(self: Cluster, *args: Any, **kwargs: Any) -> Any:
+        if not killed:
+            self._track()
+            target = next(m for m in self.members() if m.role is role)
+            os.kill(target.pid, signal.SIGKILL)
+            killed.append(target.pid)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Cluster, method, patched)
+    return killed
+
+
+@pytest.mark.parametrize(
+    ("method", "role", "said"),
+    [
+        ("wait_registered", Role.CONTROLLER, "the ipyparallel controller (pid {pid}) was killed"),
+        ("wait_registered", Role.ENGINE, "engine (pid {pid}) was killed by SIGKILL before"),
+        ("wait_all", Role.ENGINE, "engine (pid {pid}) was killed by SIGKILL"),
+    ],
+)
+def test_a_process_killed_while_starting_fails_the_start_at_once(
+    monkeypatch: pytest.MonkeyPatch, method: str, role: Role, said: str
+) -> None:
+    before = set(children_of_this_process())
+    killed = kill_when(monkeypatch, method, role)
+    started = time.monotonic()
+    with pytest.raises(SessionError, match="did not start") as info:
+        start_session(2, progress=False)
+    assert said.format(pid=killed[0]) in str(info.value)
+    assert "Nothing is left running" in str(info.value)
+    assert time.monotonic() - started < 10  # the engines import torch: most of it
+    assert not running(sorted(set(children_of_this_process()) - before))
+
+
+def test_processes_killed_during_stop_and_restart(
+    matrix: Matrix, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = matrix.s
+    assert s._cluster is not None
+    victims = [matrix.member(Role.ENGINE, 0).pid, matrix.member(Role.CONTROLLER).pid]
+    victims.append(s._cluster._reaper.pid)
+    stop = Cluster.stop
+
+    def dying_stop(self: Cluster, timeout: float = 2.0) -> list[int]:
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):  # stop runs again on the new cluster
+                os.kill(pid, signal.SIGKILL)  # not waited for: they die while stop works
+        return stop(self, timeout)
+
+    monkeypatch.setattr(Cluster, "stop", dying_stop)
+    old = s.pids()
+    killed = kill_when(monkeypatch, "wait_registered", Role.ENGINE)
+    with pytest.raises(SessionError, match="did not start"):
+        s.restart()  # the old cluster's stop, then a start whose engine dies
+    assert not running(old) and not running(killed) and not s.running
+    monkeypatch.undo()
+    matrix.recover()
+
+
+# --- launchers that cannot start engines ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("engine_cmd", "said"),
+    [
+        ([sys.executable, "-c", "import sys; sys.exit('no GPU here, giving up')"], "no GPU here"),
+        (["/nonexistent/python3"], "/nonexistent/python3"),
+        ([sys.executable, "-c", "import time; time.sleep(60)"], "0 of 2 engines registered"),
+    ],
+    ids=["exits-at-once", "command-missing", "never-registers"],
+)
+def test_a_launcher_that_cannot_start_engines_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, engine_cmd: list[str], said: str
+) -> None:
+    original = Cluster._engine_kwargs
+    monkeypatch.setattr(
+        Cluster, "_engine_kwargs", lambda self: {**original(self), "engine_cmd": engine_cmd}
+    )
+    before = set(children_of_this_process())
+    started = time.monotonic()
+    with pytest.raises(SessionError, match="did not start") as info:
+        start_session(2, progress=False, register_timeout=2)
+    assert said in str(info.value) and time.monotonic() - started < 10
+    assert not running(sorted(set(children_of_this_process()) - before))
+
+
+def test_ssh_without_hosts_says_so_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(SessionError, match="started no engine") as info:
+        start_session(2, engines="ssh", progress=False)
+    assert "--engines local" in str(info.value) and time.monotonic() - started < 10
