@@ -6,7 +6,9 @@ of the one before. Kept free of torch so the kernel side imports it cheaply.
 
 Who writes what (values in brackets):
 
-- `pg/...`: the process group's own rendezvous (torch writes these).
+- `pg/...`: the process group's own rendezvous (torch writes these); `pg/<epoch>/...` when a
+  rank makes the default group again after user code destroyed it (`process_group`), and
+  `pg-here/<epoch>/<rank>` [`1`]: each rank, on arriving to make it (`group_arrival`).
 - `cell` [`encode_run`]: the kernel, before each run; every rank reads it when its cell starts.
 - `stackreq/<rank>/<n>`, `stack/<rank>/<n>` [text]: the kernel asks a rank's watchdog for its live
   stack; the watchdog answers.
@@ -29,7 +31,9 @@ __all__ = [
     "board",
     "decode_run",
     "encode_run",
+    "group_arrival",
     "host",
+    "process_group",
     "slot",
     "spill",
     "stack_reply",
@@ -86,3 +90,12 @@ def spill(generation: str, name: str) -> str:
 
 def slot(prefix: str, ring: int, index: int) -> str:
     return f"{prefix}/{ring}/{index}"
+
+
+def process_group(epoch: int) -> str:
+    """Rendezvous prefix of the default group's `epoch`-th remake (0: the first group)."""
+    return PG if epoch == 0 else f"{PG}/{epoch}"
+
+
+def group_arrival(epoch: int, rank: int) -> str:
+    return f"{PG}-here/{epoch}/{rank}"

@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.rank import checked
+from distnb.rank.torchrun import device_plan, environment
+from distnb.rank.world import World
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 from distnb.records.collective import CollectiveEvent, Mismatch
 from distnb.records.overflow import RankOverflowReport
@@ -36,6 +38,9 @@ _cell_unchecked: list[AbstractContextManager[None]] = []
 # The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
 _shell: Any = None
 
+# Environment variables `init` set, with the values they had before (None: unset).
+_saved_env: dict[str, str | None] = {}
+
 
 @dataclass
 class _Runtime:
@@ -43,6 +48,7 @@ class _Runtime:
     store: dist.Store
     device: torch.device
     watchdog: _Watchdog
+    world: World
     hooks: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -62,28 +68,25 @@ def probe(engine_id: int) -> EngineProbe:
 
 
 def init(spec: RankSpec) -> RankInfo:
-    """Join the control plane and the process group; give the namespace its names."""
+    """Join the control plane and the process group; give the namespace its names.
+
+    The rank's environment gets what torchrun would set (`distnb.rank.torchrun`), and user
+    code's own `init_process_group`/`destroy_process_group` calls are answered by distnb's group
+    (`distnb.rank.world`), so code written for torchrun runs unchanged.
+    """
     global _runtime
     if _runtime is not None:
         shutdown()
     store = connect(spec)
-    if spec.backend == "nccl":
-        device = torch.device("cuda", spec.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(
-        spec.backend,
-        store=dist.PrefixStore(keys.PG, store),
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.pg_timeout_s),
-        device_id=device if spec.backend == "nccl" else None,
-    )
+    device = _device_for(spec)
+    _set_environment(spec, device)
+    world = World(spec, store, device)
+    world.create()
     watchdog = _Watchdog(spec)
-    _runtime = _Runtime(spec, store, device, watchdog)
+    _runtime = _Runtime(spec, store, device, watchdog, world)
     if spec.check:
         _install_checks(spec, store)
+    world.hook()
     _bind_shell(spec, device)
     watchdog.start()
     return RankInfo(
@@ -95,6 +98,33 @@ def init(spec: RankSpec) -> RankInfo:
         device=str(device),
         backend=spec.backend,
     )
+
+
+def _device_for(spec: RankSpec) -> torch.device:
+    visible = torch.cuda.device_count() if spec.backend == "nccl" else 0
+    plan = device_plan(
+        spec.backend, spec.rank, spec.local_rank, visible, os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    if plan.cuda_index is not None:
+        torch.cuda.set_device(plan.cuda_index)  # as torchrun scripts do with LOCAL_RANK
+    return torch.device(plan.device)
+
+
+def _set_environment(spec: RankSpec, device: torch.device) -> None:
+    """torchrun's variables for this rank; the values they replace come back at shutdown."""
+    env = environment(spec, str(device), os.environ)
+    for name, value in env.items():
+        _saved_env.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
+
+
+def _restore_environment() -> None:
+    for name, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _saved_env.clear()
 
 
 def scan(names: list[str] | None, include_all: bool) -> ShapeScan:
@@ -176,10 +206,11 @@ def shutdown() -> None:
     if _runtime is None:
         return
     _unbind_shell()
+    World.unhook()
     _uninstall_checks()
     _runtime.watchdog.stop(_runtime.store)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    _runtime.world.destroy()
+    _restore_environment()
     _runtime = None
 
 
@@ -252,6 +283,7 @@ def _pre_run_cell(info: Any) -> None:
     """Number this cell as the kernel numbered it, before IPython compiles it."""
     if _runtime is None:
         return
+    _runtime.world.restore()  # in case making it again failed at the end of the last cell
     # The session sets RUN before it makes ranks, so this get never waits.
     cell, run_id, check = keys.decode_run(_runtime.store.get(keys.RUN))
     # IPython has already taken this cell's number (and counted on by one) when this hook
@@ -266,6 +298,8 @@ def _pre_run_cell(info: Any) -> None:
 def _post_run_cell(result: Any) -> None:
     while _cell_unchecked:
         _cell_unchecked.pop().__exit__(None, None, None)
+    if _runtime is not None:
+        _runtime.world.restore()  # the cell's code destroyed the process group
 
 
 class _CellNumbers(dict[str, int]):

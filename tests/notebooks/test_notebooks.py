@@ -155,6 +155,42 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
     "06-doctor.ipynb": [
         ("doctor", ("rank 0: host", "rank 1: host", "bus bandwidth", "GB/s", "\nOK")),
     ],
+    "07-your-own-code.ipynb": [
+        (
+            "env",
+            (
+                "[rank 0] {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2'",
+                "[rank 0] same as the process group: True",
+                "[rank 1] {'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2'",
+                "[rank 1] same as the process group: True",
+            ),
+        ),
+        (
+            "accelerate",
+            (
+                "[rank 0] DistributedType.MULTI_CPU 0 2",
+                "[rank 0] epoch 2: last loss of each rank [",
+                "[rank 0] DistributedDataParallel with 8 batches on this rank",
+                "[rank 1] DistributedType.MULTI_CPU 1 2",
+                "[rank 1] DistributedDataParallel with 8 batches on this rank",
+            ),
+        ),
+        ("torchrun-bug", ("train.py FAILED", "exitcode", "SIGABRT")),
+        (
+            "script-bug",
+            (
+                "CollectiveMismatchError: shape mismatch in all_reduce #",
+                "rank 0: all_reduce(float32[], op=SUM)",
+                "train.py:12: dist.all_reduce(loss)",
+                "rank 1: all_reduce(float32[5], op=SUM) [DDP gradient bucket 0",
+                "train.py:34: F.mse_loss(model(x), x @ w.T).backward()",
+                "Nothing was sent",
+            ),
+        ),
+        ("script-fix", ("[rank 0] epoch 0: val loss ", "[rank 0] epoch 2: val loss ")),
+        ("torchrun-fix", ("epoch 0: val loss ", "epoch 2: val loss ")),
+        ("after", "[ranks 0-1] True [2.0, 2.0]"),
+    ],
 }
 
 

@@ -1,0 +1,139 @@
+"""Running a script file on a rank as `python script.py args` would run it under torchrun.
+
+`run_main` is what a `%dist_run` cell calls on every rank: the file runs as `__main__` in a
+module of its own (so `if __name__ == "__main__":` fires and pickling `__main__` classes works),
+with `sys.argv`, `sys.path[0]`, `__file__` and the working directory set as Python and torchrun set
+them, and everything put back afterwards. The rank's torchrun environment and process group are
+already there (`distnb.rank.runtime`). Tracebacks start at the script's own frames: the cell
+and this module say nothing to the user. `sys.exit(0)` is a normal end, as for a process.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+__all__ = ["ScriptExit", "run_main"]
+
+
+class ScriptExit(Exception):
+    """The script called `sys.exit(code)` with a code that means failure."""
+
+
+def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
+    """Run the file at `path` as `__main__` with `sys.argv = argv`, in `cwd` if it exists here.
+
+    Raises what the script raises, `ScriptExit` for `sys.exit(<non-zero>)`, and
+    `FileNotFoundError` saying where it looked when this rank's host has no such file.
+    """
+    try:
+        code = _compile(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no file {path} on this rank's host ({os.uname().nodename}): %dist_run needs the "
+            "script at the same path on every host"
+        ) from None
+    module = _main_module(path)
+    _tracebacks_from(path)
+    try:
+        with _as_main(module, path, argv, cwd):
+            exec(code, module.__dict__)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise ScriptExit(_exit_message(argv[0] if argv else path, exc.code)) from None
+
+
+def _compile(path: str) -> types.CodeType:
+    with open(path, "rb") as f:
+        source = f.read()
+    # the real path as the file name: tracebacks and call sites name the script and its lines
+    return compile(source, path, "exec", dont_inherit=True)
+
+
+def _main_module(path: str) -> types.ModuleType:
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None)
+    return module
+
+
+@contextmanager
+def _as_main(
+    module: types.ModuleType, path: str, argv: Sequence[str], cwd: str | None
+) -> Iterator[None]:
+    """`module` is `__main__`, argv and the script's folder are set; all restored on leaving."""
+    folder = os.path.dirname(path)
+    loaded = set(sys.modules)
+    saved_main = sys.modules.get("__main__")
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    saved_cwd = os.getcwd()
+    sys.modules["__main__"] = module
+    sys.argv = list(argv) or [path]
+    sys.path.insert(0, folder)
+    if cwd is not None and os.path.isdir(cwd):
+        os.chdir(cwd)
+    try:
+        yield
+    finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        with suppress(OSError):
+            os.chdir(saved_cwd)
+        _forget_modules(set(sys.modules) - loaded, folder)
+
+
+def _forget_modules(names: set[str], folder: str) -> None:
+    """Unload the modules the script imported from its own folder, so the next run imports
+    them afresh, edits included, as a new torchrun process would."""
+    for name in names:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(file, str) and os.path.abspath(file).startswith(folder + os.sep):
+            del sys.modules[name]
+
+
+def _exit_message(name: str, code: Any) -> str:
+    if isinstance(code, int):
+        return f"{name} exited with code {code} (sys.exit({code}))"
+    # sys.exit("message") prints the message and exits with 1
+    return f"{name} exited with code 1: {code}"
+
+
+def _tracebacks_from(path: str) -> None:
+    """Until the cell ends, the engine's IPython shows a failed run's traceback from the
+    script's first frame (the cell and this module say nothing to the user). IPython's hook for
+    this is a custom exception handler (`set_custom_exc`), which must display what it makes.
+    Without IPython (tests, plain Python) nothing changes."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return
+    saved = shell.custom_exceptions, shell.CustomTB
+
+    def show(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> Any:
+        if issubclass(etype, SyntaxError):  # the file itself: IPython's caret display
+            stb = shell.SyntaxTB.structured_traceback(etype, value, None)
+        else:
+            stb = shell.InteractiveTB.structured_traceback(etype, value, _from_file(tb, path))
+        shell._showtraceback(etype, value, stb)
+        return stb
+
+    def put_back(result: Any) -> None:
+        shell.custom_exceptions, shell.CustomTB = saved
+        shell.events.unregister("post_run_cell", put_back)
+
+    shell.set_custom_exc((BaseException,), show)
+    shell.events.register("post_run_cell", put_back)
+
+
+def _from_file(tb: types.TracebackType | None, path: str) -> types.TracebackType | None:
+    """The part of `tb` from the first frame in `path` on (None if no frame is there)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != path:
+        tb = tb.tb_next
+    return tb
