@@ -1,0 +1,92 @@
+"""Telling an OOM kill from another SIGKILL: the pure weighing, the kernel log's words, and a
+real OOM kill in a memory cgroup of its own (where this host lets a test make one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distnb.session.oom import (
+    OomEvidence,
+    OomWatch,
+    killed_pids,
+    memory_cgroup,
+    oom_killed,
+    read_oom_kills,
+)
+
+KILL = -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    ("code", "before", "after", "expected"),
+    [
+        (KILL, OomEvidence(0), OomEvidence(1), True),  # the cgroup's count went up
+        (KILL, OomEvidence(1), OomEvidence(1), False),  # killed by someone else
+        (KILL, OomEvidence(), OomEvidence(None, frozenset({7})), True),  # the log names it
+        (None, OomEvidence(), OomEvidence(None, frozenset({7})), True),  # status unknown
+        (None, OomEvidence(0), OomEvidence(1), False),  # a count alone needs the SIGKILL
+        (1, OomEvidence(0), OomEvidence(1, frozenset({7})), False),  # it exited by itself
+        (-signal.SIGABRT, OomEvidence(0), OomEvidence(1), False),
+        (KILL, OomEvidence(None), OomEvidence(3), False),  # nothing to compare with
+    ],
+)
+def test_oom_killed_weighs_the_evidence(
+    code: int | None, before: OomEvidence, after: OomEvidence, expected: bool
+) -> None:
+    assert oom_killed(7, code, before, after) is expected
+
+
+def test_kernel_log_lines_name_the_killed_pids() -> None:
+    lines = [
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        "oom_memcg=/a,task_memcg=/a,task=python,pid=4282,uid=0",
+        "Memory cgroup out of memory: Killed process 4282 (python) total-vm:422116kB",
+        "Out of memory: Killed process 99 (java) total-vm:1kB",
+        "usb 1-1: new device",
+    ]
+    assert killed_pids(lines) == {4282, 99}
+
+
+def test_counts_are_read_from_this_process_cgroup_or_left_unknown() -> None:
+    cgroup = memory_cgroup(os.getpid())
+    count = read_oom_kills(cgroup)
+    assert count is None or count >= 0
+    assert read_oom_kills(None) is None
+    assert memory_cgroup(2**22 + 12345) is None  # no such process
+
+
+def test_a_real_oom_kill_is_named_and_a_plain_sigkill_is_not(small_cgroup: Path) -> None:
+    code = (
+        "import sys, time\n"
+        "open(sys.argv[1], 'w').write(str(__import__('os').getpid()))\n"
+        "time.sleep(0.3)\n"
+        "hog = bytearray(400 * 2**20)\n"
+    )
+    hog = subprocess.Popen([sys.executable, "-c", code, str(small_cgroup / "cgroup.procs")])
+    procs = small_cgroup / "cgroup.procs"
+    while str(hog.pid) not in procs.read_text().split():  # it moves itself, then waits
+        time.sleep(0.01)
+    watch = OomWatch([hog.pid])
+    assert hog.wait(30) == KILL
+    assert watch.killed(hog.pid, KILL)
+
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    plain = OomWatch([idle.pid])
+    idle.kill()
+    assert idle.wait(10) == KILL
+    assert not plain.killed(idle.pid, KILL)
+
+
+def test_ended_text_names_the_oom_killer_only_on_evidence() -> None:
+    from distnb.session.oom import OOM_TEXT, ended_text
+
+    assert ended_text(7, 3, None) == "exited with code 3"
+    assert ended_text(7, KILL, None) == "was killed by SIGKILL"
+    assert ended_text(os.getpid(), KILL, OomWatch([])) in ("was killed by SIGKILL", OOM_TEXT)
