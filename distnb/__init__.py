@@ -34,6 +34,7 @@ def start(
     host: str = "127.0.0.1",
     check: bool = True,
     progress: bool = True,
+    register_timeout: float = 120.0,  # distnb.session.options.REGISTER_TIMEOUT_S
 ) -> Session:
     """Start `n` ranks and return the running `Session` (`%dist_start` calls this).
 
@@ -42,7 +43,8 @@ def start(
     timeout in seconds (None: none). `engines`: the ipyparallel launcher (`"local"`, `"mpi"`,
     `"slurm"`, `"ssh"`, ...). `host`: the address the control plane listens on (loopback by
     default; name an interface for ranks on other machines). `check`: the checked-collective
-    runtime. `progress`: show start-up progress.
+    runtime. `progress`: show start-up progress. `register_timeout`: seconds the engines get
+    to register (a launcher that fails says so at once; a batch queue may need longer).
 
     >>> with distnb.start(2) as s:
     ...     s.run("print(rank, world_size)")
@@ -59,6 +61,7 @@ def start(
         host=host,
         check=check,
         progress=progress,
+        register_timeout=register_timeout,
     )
 
 

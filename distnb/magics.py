@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import distnb
 from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
 from distnb.session import Session
+from distnb.session.automode import AutoMode
+from distnb.session.data import parse_size
+from distnb.session.options import REGISTER_TIMEOUT_S
 from distnb.views.display import in_kernel, show
-from distnb.views.status import Status
+from distnb.views.status import Status, show_where
 
 
 @magics_class
@@ -31,6 +35,7 @@ class DistMagics(Magics):
     @argument("--engines", default="local", help="ipyparallel launcher: local, mpi, slurm, ssh...")
     @argument("--host", default="127.0.0.1", help="address the control plane listens on")
     @argument("--no-check", action="store_true", help="turn off the checked-collective runtime")
+    @argument("--register-timeout", type=str, default=None, help="seconds engines get to register")
     @line_magic
     def dist_start(self, line: str) -> Any:
         """Start ranks: `%dist_start -n 2 [--backend gloo] [--timeout 60]`."""
@@ -47,6 +52,8 @@ class DistMagics(Magics):
                 engines=args.engines,
                 host=args.host,
                 check=not args.no_check,
+                register_timeout=_seconds(args.register_timeout, "--register-timeout")
+                or REGISTER_TIMEOUT_S,
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -170,6 +177,137 @@ class DistMagics(Magics):
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
 
+    @magic_arguments()
+    @argument("--timeout", type=str, default=None, help="seconds before a hang report")
+    @argument("--unchecked", action="store_true", help="run without collective checks")
+    @argument("script", help="the Python file to run on every rank, as torchrun would")
+    @argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    @line_magic
+    def dist_run(self, line: str) -> None:
+        """Run a script on every rank as `__main__`: `%dist_run [--timeout S] train.py --lr 0.1`.
+
+        A script written for `torchrun --nproc-per-node N` runs unchanged; options of
+        %dist_run come before the script, everything after it is the script's.
+        """
+        args = _parse_command_line(self.dist_run, line)
+        session = self._running()
+        try:
+            session.run_script(
+                args.script,
+                args.args,
+                timeout=_seconds(args.timeout),
+                check=not args.unchecked,
+            )
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+        except CollectiveMismatchError as err:
+            _show_mismatch(err)
+            raise
+
+    @magic_arguments()
+    @argument("state", nargs="?", choices=["on", "off"], help="on or off (default: switch)")
+    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--timeout", type=str, default=None, help="seconds before a hang report")
+    @argument("--unchecked", action="store_true", help="run without collective checks")
+    @line_cell_magic
+    def dist_auto(self, line: str, cell: str | None = None) -> None:
+        """Auto mode: `%dist_auto on [--ranks 0,1] [--timeout S] [--unchecked]` runs every
+        following cell on the ranks, as with %%allranks, until `%dist_auto off`; a cell that
+        starts with %%local runs in the kernel meanwhile. `%%dist_auto` (what auto mode writes
+        in front of each cell) runs one cell that way."""
+        if cell is not None:
+            return self._auto_cell(cell)
+        args = _parse(self.dist_auto, line)
+        mode = AutoMode.find(self.shell)
+        on = args.state == "on" if args.state else not (mode is not None and mode.active)
+        try:
+            if on:
+                self._running().auto(
+                    True,
+                    ranks=_rank_list(args.ranks) if args.ranks is not None else None,
+                    timeout=_seconds(args.timeout),
+                    check=not args.unchecked,
+                )
+            elif self.session is not None:
+                self.session.auto(False)
+            elif mode is not None:
+                mode.disable()
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+        return None
+
+    def _auto_cell(self, cell: str) -> None:
+        mode = AutoMode.find(self.shell)
+        active = mode is not None and mode.active
+        if in_kernel():
+            show_where(mode.label if mode is not None and active else "all ranks")
+        try:
+            result = mode.run(cell) if mode is not None and active else self._running().run(cell)
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+        except CollectiveMismatchError as err:
+            _show_mismatch(err)
+            raise
+        for view in result.views:
+            show(view)
+
+    @cell_magic
+    def local(self, line: str, cell: str) -> None:
+        """Run this cell in the kernel, not on the ranks (for auto mode: `%dist_auto`)."""
+        # Once auto mode has been on in this shell its input transformer makes a %%local cell
+        # plain kernel code before IPython sees the magic; this runs it in the other case.
+        assert self.shell is not None
+        self.shell.run_cell(cell, store_history=False)
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="names (or dotted paths) on the ranks")
+    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--limit", type=str, default=None, help="most bytes per rank, e.g. 1GiB")
+    @argument("--as", dest="as_name", default=None, help="the kernel's name for one value")
+    @line_magic
+    def dist_pull(self, line: str) -> None:
+        """Each rank's value of NAME into the kernel's NAME, a list in rank order (tensors on
+        the CPU): `%dist_pull losses [--ranks 0,1] [--limit 1GiB] [--as per_rank]`."""
+        args = _parse(self.dist_pull, line)
+        session = self._running()
+        if args.as_name is not None and len(args.names) != 1:
+            raise UsageError("--as names one value: %dist_pull losses --as per_rank")
+        ranks = _rank_list(args.ranks) if args.ranks is not None else None
+        for name in args.names:
+            try:
+                values = session.pull(name, ranks=ranks, limit=_size(args.limit))
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from None
+            var = args.as_name or name.rsplit(".", 1)[-1]
+            self._user_ns()[var] = values
+            print(f"distnb: {var} = [{name} of each rank], {len(values)} values in rank order")
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="the kernel's names to bind on the ranks")
+    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--limit", type=str, default=None, help="most bytes per value, e.g. 1GiB")
+    @line_magic
+    def dist_push(self, line: str) -> None:
+        """Bind the kernel's values to the same names on every rank:
+        `%dist_push lr targets [--ranks 0,1] [--limit 1GiB]`."""
+        args = _parse(self.dist_push, line)
+        session = self._running()
+        ns = self._user_ns()
+        missing = [n for n in args.names if n not in ns]
+        if missing:
+            raise UsageError(f"the kernel has no {', '.join(missing)}: assign it here first")
+        values = {n: ns[n] for n in args.names}
+        ranks = _rank_list(args.ranks) if args.ranks is not None else None
+        try:
+            session.push(ranks=ranks, limit=_size(args.limit), **values)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        ns: dict[str, Any] = self.shell.user_ns
+        return ns
+
     def _running(self) -> Session:
         if self.session is None or not self.session.running:
             raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
@@ -199,15 +337,15 @@ def _whole(text: str, flag: str) -> int:
     return value
 
 
-def _seconds(text: str | None) -> float | None:
+def _seconds(text: str | None, flag: str = "--timeout") -> float | None:
     if text is None:
         return None
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"--timeout takes seconds, got {text!r}; e.g. --timeout 30") from None
+        raise UsageError(f"{flag} takes seconds, got {text!r}; e.g. {flag} 30") from None
     if not value > 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {text}; e.g. --timeout 30")
+        raise UsageError(f"{flag} must be > 0 seconds, got {text}; e.g. {flag} 30")
     return value
 
 
@@ -218,3 +356,34 @@ def _rank_list(text: str) -> list[int]:
         raise UsageError(
             f"--ranks takes comma-separated ranks, got {text!r}; e.g. --ranks 0,1"
         ) from None
+
+
+def _show_mismatch(err: CollectiveMismatchError) -> None:
+    """In Jupyter, a mismatch also shows as a table (the exception follows it)."""
+    if err.mismatch is not None and in_kernel():
+        from IPython.display import display
+
+        from distnb.views.mismatch import MismatchView
+
+        display(MismatchView(err.mismatch))
+
+
+def _parse_command_line(magic: Any, line: str) -> Any:
+    """Like `_parse`, with the line split as a shell splits it, so that a script's argument
+    `'two words'` arrives as `two words` (IPython's own split keeps the quotes)."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{exc} in {line!r}: close the quote") from None
+    try:
+        return magic.parser.parse_args(words)
+    except UsageError as exc:
+        name = magic.__name__
+        raise UsageError(f"{exc}\nUsage: %{name} {_usage(magic)} (see %{name}?)") from None
+
+
+def _size(text: str | None) -> int | None:
+    try:
+        return parse_size(text) if text is not None else None
+    except ConfigError as exc:
+        raise UsageError(f"--limit: {exc}") from None

@@ -27,8 +27,19 @@ def test_the_public_surface_is_pinned() -> None:
 
 
 def test_start_shows_its_real_signature() -> None:
+    from distnb.session import options, start
+
+    assert (
+        inspect.signature(start).parameters.keys()
+        == inspect.signature(distnb.start).parameters.keys()
+    )
+    assert inspect.signature(distnb.start).parameters["register_timeout"].default == (
+        options.REGISTER_TIMEOUT_S
+    )
     params = inspect.signature(distnb.start).parameters
-    assert list(params) == ["n", "backend", "timeout", "engines", "host", "check", "progress"]
+    assert list(params) == [
+        "n", "backend", "timeout", "engines", "host", "check", "progress", "register_timeout"
+    ]  # fmt: skip
     assert all(p.kind is p.KEYWORD_ONLY for name, p in params.items() if name != "n")
     assert "Example" in (distnb.start.__doc__ or "") or ">>>" in (distnb.start.__doc__ or "")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,20 +18,19 @@ from distnb.errors import ConfigError, RankError, SessionError
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure, RankInfo, RankSpec
 from distnb.records.collective import Mismatch
+from distnb.session import automode, data, inspect, resources
 from distnb.session import failures as failing
 from distnb.session.cells import CellRequest, CellResult, CellRun, Referee, assigned_names
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
-from distnb.session.options import Options, check_timeout, engine_env
+from distnb.session.options import REGISTER_TIMEOUT_S, Options, check_timeout, engine_env
 from distnb.session.ranks import assign_ranks, choose_backend
 from distnb.session.referee import DesyncReferee, skipped_call
+from distnb.session.watch import boards_pattern, loss_reason
 from distnb.views.status import Progress, Status
 
 if TYPE_CHECKING:
-    from distnb.views.overflow import OverflowView
-    from distnb.views.shapes import ShapeTableView
-    from distnb.views.timeline import TimelineView
-    from distnb.views.timeline.model import ClockOffsets
+    from distnb.session.oom import OomWatch
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 
@@ -70,8 +69,10 @@ class Session:
             self._cluster.launch()
             # The kernel imports torch for the control plane while the engines boot.
             self._control = ControlPlane(opts.host)
-            client = self._cluster.wait_registered(lambda k: progress.show("engines registered", k))
+            self._cluster.remove_later(boards_pattern(self._control.session_id))
+            client = self._cluster.wait_registered(progress.show, opts.register_timeout)
             self.ranks = self._init_ranks(client, progress)
+            resources.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
             self.referee = DesyncReferee(self._control)
         except BaseException as exc:
             progress.close()
@@ -92,8 +93,9 @@ class Session:
 
         opts = self.options
         assert self._control is not None and opts.n is not None
+        assert self._cluster is not None
         probes = [client[eid].apply_async(runtime.probe, eid) for eid in client.ids]
-        placements = assign_ranks([ar.get(timeout=60) for ar in probes])
+        placements = assign_ranks(self._cluster.wait_all(probes, timeout=60))
         backend = choose_backend(opts.backend, placements)
         pending = []
         for p in placements:
@@ -111,7 +113,7 @@ class Session:
             pending.append((p, client[p.probe.engine_id].apply_async(runtime.init, spec)))
         ranks = []
         for i, (p, ar) in enumerate(pending):
-            info = ar.get(timeout=120)
+            (info,) = self._cluster.wait_all([ar], timeout=120)
             ranks.append(replace(info, engine_id=p.probe.engine_id))
             progress.show("ranks joined the process group", i + 1)
         return tuple(ranks)
@@ -120,6 +122,7 @@ class Session:
         """Stop every rank, the controller and the control plane; leave no process behind."""
         self._teardown()
         self.ranks = ()
+        self._broken = ""  # a new cluster starts whole (start may already run cells)
         _live.discard(self)
 
     def _teardown(self) -> None:
@@ -156,16 +159,28 @@ class Session:
     # --- cells ---------------------------------------------------------------------------
 
     def status(self) -> Status:
-        """One row per rank (rank, host, pid, device, backend), and what is wrong if anything.
+        """One row per rank (rank, host, pid, device, backend, memory, threads, CUDA memory,
+        state), each rank's distributed environment, and what is wrong if anything.
 
         >>> s.status()
-        rank  host  pid    device  backend
-        0     vm    13901  cpu     gloo
-        1     vm    13903  cpu     gloo
+        rank  host  pid    device  backend  memory (peak)          threads  state
+        0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1        alive
         """
         if not self.running:
             return Status((), "distnb: no cluster running; start one with %dist_start")
-        return Status(self.ranks, self._broken)
+        self._notice_loss()
+        return resources.status(self)
+
+    oom: OomWatch | None = None  # set by `start`: tells an OOM kill from another SIGKILL
+    # what else a session does, in modules of their own
+    pull = data.pull
+    push = data.push
+    auto = automode.auto
+    shapes = inspect.shapes
+    overflow = inspect.overflow
+    overflow_detach = inspect.overflow_detach
+    overflow_report = inspect.overflow_report
+    timeline = inspect.timeline
 
     def run(
         self,
@@ -204,19 +219,54 @@ class Session:
             check=check and self.options.check,
             timeout=timeout if timeout is not None else self.options.timeout,
         )
-        result = (
-            CellRun(self._cluster, self._control, request, self.referee, self._on_death)
-            .start()
-            .wait()
-        )
-        if result.failures:
-            raise self._cell_error(request.where, result)
+        result = self._execute(request)
         views: list[Any] = []
         if shapes:
             views.append(self.shapes(assigned_names(code)))
         if timeline:
             views.append(self.timeline(cells=1))
         return replace(result, views=tuple(views))
+
+    def run_script(
+        self,
+        path: str,
+        args: str | Sequence[str] = (),
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> CellResult:
+        """Run the file at `path` as `__main__` on every rank, with `sys.argv = [path, *args]`,
+        as under `torchrun --nproc-per-node N`; output, checks, `timeout`, Ctrl-C and errors are
+        those of `run`, messages name the script (see `distnb.session.scripts`).
+
+        >>> s.run_script("train.py", "--lr 0.1")   # %dist_run train.py --lr 0.1
+        """
+        from distnb.session.scripts import script_request
+
+        self._require_running()
+        check_timeout(timeout)
+        assert self._cluster is not None and self._control is not None
+        timeout = timeout if timeout is not None else self.options.timeout
+        request = script_request(
+            path,
+            args,
+            self._cell_number(),
+            self._runs + 1,
+            tuple(self.ranks),
+            check and self.options.check,
+            timeout,
+        )
+        self._runs += 1
+        return self._execute(request)
+
+    def _execute(self, request: CellRequest) -> CellResult:
+        """Run a cell or a script; its ranks' failures raised as one error."""
+        assert self._cluster is not None and self._control is not None
+        cluster, control = self._cluster, self._control
+        run = CellRun(cluster, control, request, self.referee, self._on_death, self.oom)
+        result = run.start().wait()
+        if result.failures:
+            raise self._cell_error(request.where, result)
+        return result
 
     def _cell_error(self, where: str, result: CellResult) -> RankError:
         """The run's one exception, with what can only be learnt now that every rank is idle:
@@ -259,7 +309,7 @@ class Session:
         >>> s.call(os.getpid)
         [13901, 13903]
         """
-        self._require_running()
+        self._require_running(notice=True)
         targets = self._targets(ranks)
         assert self._cluster is not None
         pending = [self._cluster.view(t.engine_id).apply_async(fn, *args) for t in targets]
@@ -274,61 +324,6 @@ class Session:
             raise failing.call_error(getattr(fn, "__name__", "function"), failures)
         return results
 
-    def shapes(self, names: list[str] | None = None, all: bool = False) -> ShapeTableView:
-        """A table of each rank's tensors and modules (metadata only), differences first."""
-        from distnb.rank import runtime
-        from distnb.views.shapes import ShapeTableView
-
-        return ShapeTableView.from_scans(self.call(runtime.scan, names, all))
-
-    def overflow(self, name: str, **options: Any) -> None:
-        """Trace overflow on every rank's module `name`: `distnb.overflow.watch`'s options.
-
-        The options are checked here, before any rank is asked (`ConfigError`).
-
-        Example::
-
-            session.overflow("model", stats="auto", stop_on_nonfinite=True)
-        """
-        from distnb.rank import runtime
-        from distnb.records.overflow import WatchOptions
-
-        record = WatchOptions.of(**options)
-        self.call(runtime.overflow_watch, name, record.to_dict())
-
-    def overflow_detach(self, name: str) -> None:
-        """Remove every hook of the tracer on `name`: ranks run at full speed again."""
-        from distnb.rank import runtime
-
-        if not any(self.call(runtime.overflow_detach, name)):
-            raise ConfigError(f"no overflow trace named {name!r}; start one with %dist_overflow")
-
-    def overflow_report(self) -> dict[str, OverflowView]:
-        """Each traced module's frames per rank, and which rank went non-finite first."""
-        from distnb.rank import runtime
-        from distnb.views.overflow import OverflowView
-
-        per_rank = self.call(runtime.overflow_reports)
-        names = sorted({name for reports in per_rank for name in reports})
-        return {n: OverflowView([r[n] for r in per_rank if n in r]) for n in names}
-
-    def timeline(self, cells: int | None = None) -> TimelineView:
-        """Every recorded collective of the last `cells` cells (all kept, by default), per rank."""
-        from distnb.rank import runtime
-        from distnb.views.timeline import TimelineView
-
-        since = None if cells is None else max(1, self._runs - cells + 1)
-        events = [e for per_rank in self.call(runtime.events, since) for e in per_rank]
-        return TimelineView(events, self._clock_offsets())
-
-    def _clock_offsets(self) -> ClockOffsets | None:
-        """Per-rank offsets onto the kernel's clock: none on one host (one monotonic clock)."""
-        from distnb.session.clocks import estimate_offsets
-
-        if len({r.host for r in self.ranks}) <= 1:
-            return None
-        return estimate_offsets(self.call, [r.rank for r in self.ranks])
-
     def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
         if ranks is None:
             return list(self.ranks)
@@ -341,11 +336,20 @@ class Session:
             )
         return [self.ranks[r] for r in sorted(set(ranks))]
 
-    def _require_running(self) -> None:
+    @property
+    def runs(self) -> int:
+        """How many runs (cells, scripts) this session has made: the last one's run id."""
+        return self._runs
+
+    def _require_running(self, notice: bool = False) -> None:
+        """`notice`: look for processes lost since the last cell first (a cell's own watch
+        does that for cells, and names a dead rank as such)."""
         if not self.running:
             raise SessionError(
                 "no cluster is running: start one with %dist_start (or distnb.start())"
             )
+        if notice:
+            self._notice_loss()
         if self._broken:
             raise SessionError(self._broken)
 
@@ -361,11 +365,15 @@ class Session:
         running = getattr(shell.displayhook, "exec_result", None)
         return int(running.execution_count if running is not None else shell.execution_count)
 
-    def _on_death(self, info: RankInfo, how: str) -> None:
-        self._broken = (
-            f"rank {info.rank} {how}; the process group lost a member. "
-            "Run %dist_restart (or session.restart())."
-        )
+    def _notice_loss(self) -> None:
+        """A process of the cluster that died since we last looked breaks the session."""
+        gone = self._cluster.lost() if self._cluster is not None and not self._broken else None
+        if gone is not None and self._cluster is not None:
+            self._on_death(loss_reason(gone, self._cluster.how(gone), self.ranks))
+
+    def _on_death(self, reason: str) -> None:
+        """A process of the cluster died: `reason` says which, what it means and what to run."""
+        self._broken = reason
 
 
 def start(
@@ -377,15 +385,19 @@ def start(
     host: str = "127.0.0.1",
     check: bool = True,
     progress: bool = True,
+    register_timeout: float = REGISTER_TIMEOUT_S,
 ) -> Session:
     """Start `n` ranks (default: one per local GPU, else 2) and return the running session.
+
+    `register_timeout`: seconds the engines get to register with the controller (a launcher
+    that fails says so at once; a batch queue may need longer).
 
     >>> with distnb.start(n=2) as s:
     ...     s.run("print(rank, world_size)")
     [rank 0] 0 2
     [rank 1] 1 2
     """
-    options = Options(n, backend, timeout, engines, host, check, progress)
+    options = Options(n, backend, timeout, engines, host, check, progress, register_timeout)
     return Session(options).start()
 
 

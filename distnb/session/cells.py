@@ -21,7 +21,16 @@ from distnb.records.beacon import Beacon
 from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
-from distnb.session.failures import error_of, exit_text, is_engine_death, stuck_message, to_failure
+from distnb.session.failures import error_of, is_engine_death, stuck_message, to_failure
+from distnb.session.oom import OomWatch, ended_text
+from distnb.session.watch import (
+    Member,
+    Role,
+    death_report,
+    loss_reason,
+    stopped_detail,
+    stopped_message,
+)
 from distnb.views.output import CellOutput, RankOutput
 
 # How long ranks get to stop after an interrupt before distnb says they are stuck.
@@ -33,6 +42,8 @@ DEATH_GRACE_S = 1.0
 REFEREE_AFTER_S = 0.005
 # How long to wait for a finished rank's last output messages.
 OUTPUT_WAIT_S = 2.0
+# How often a running cell looks for dead processes (one poll() of their pidfds, ~5 us).
+WATCH_EVERY_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +60,11 @@ class CellRequest:
     @property
     def where(self) -> str:
         return f"cell In[{self.cell}]"
+
+    @property
+    def noun(self) -> str:
+        """What a rank finishes: `the cell` (`the script` for a script)."""
+        return "the cell"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +104,20 @@ class Referee:
     def __init__(self) -> None:
         self.waiters = {}
 
-    def tick(self, run_id: int, states: dict[int, RankState], failures: dict[int, str]) -> None:
+    def tick(
+        self, request: CellRequest, states: dict[int, RankState], failures: dict[int, str]
+    ) -> None:
         pass
 
 
 class CellRun:
     """One cell on a set of ranks: `start()` sends it, `wait()` returns its result.
 
-    `wait()` raises only what ends a cell early: `RankTimeoutError`, `RankDiedError`, or
+    `wait()` raises only what ends a cell early: `RankTimeoutError`, `RankDiedError`,
+    `SessionError` (a process the cluster needs is gone: the controller, a nanny), or
     KeyboardInterrupt (after interrupting the ranks); ranks' own exceptions come back on the
-    result as failures, for the session to turn into one error.
+    result as failures, for the session to turn into one error. `on_death` is told why the
+    session is broken when a process dies.
     """
 
     def __init__(
@@ -106,9 +126,11 @@ class CellRun:
         control: ControlPlane,
         request: CellRequest,
         referee: Referee,
-        on_death: Callable[[RankInfo, str], None],
+        on_death: Callable[[str], None],
+        oom: OomWatch | None = None,
     ) -> None:
         self.cluster = cluster
+        self.oom = oom
         self.control = control
         self.request = request
         self.targets = list(request.targets)
@@ -120,6 +142,8 @@ class CellRun:
 
     def start(self) -> CellRun:
         req = self.request
+        self._watch()  # a process that died since the last cell
+        self.cluster.mark_logs(t.pid for t in self.targets)
         self.control.begin_run(req.cell, req.run_id, req.check)
         for info in self.targets:
             ar = self.cluster.view(info.engine_id).execute(req.code, silent=False, block=False)
@@ -133,6 +157,7 @@ class CellRun:
         timeout = self.request.timeout
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
+        watched = start
         try:
             while not self._all_done():
                 self._wake.wait(0.05)
@@ -143,8 +168,11 @@ class CellRun:
                 if RankState.DIED in states.values():
                     self._settle_after_death()
                     break
+                if time.monotonic() - watched >= WATCH_EVERY_S:
+                    self._watch()
+                    watched = time.monotonic()
                 if time.monotonic() - start >= REFEREE_AFTER_S:
-                    self.referee.tick(self.request.run_id, states, failures)
+                    self.referee.tick(self.request, states, failures)
                 if deadline is not None and time.monotonic() >= deadline:
                     self._raise_timeout(time.monotonic() - start)
         except KeyboardInterrupt:
@@ -159,6 +187,7 @@ class CellRun:
         outputs = self._outputs()
         self.output.finish(outputs)
         ended = self._failures()
+        self.cluster.mark_logs(t.pid for t in self.targets)
         return CellResult(self.request.cell, self.request.run_id, tuple(outputs), ended)
 
     # --- state ---------------------------------------------------------------------------
@@ -198,39 +227,71 @@ class CellRun:
 
     # --- endings ---------------------------------------------------------------------------
 
-    def _failures(self) -> tuple[RankFailure, ...]:
-        """Each failing rank's error; a rank that died raises `RankDiedError` here."""
+    def _failures(self, lost: RankInfo | None = None) -> tuple[RankFailure, ...]:
+        """Each failing rank's error; a rank that died (or `lost`, whose engine is gone) raises
+        `RankDiedError` here."""
         failures = []
-        died = []
+        died = [lost] if lost is not None else []
         for info in self.targets:
-            error = error_of(self.results[info.rank])
-            if error is None:
+            ar = self.results.get(info.rank)
+            error = error_of(ar) if ar is not None else None
+            if error is None or info in died:
                 continue
             if is_engine_death(error):
                 died.append(info)
             else:
                 failures.append(to_failure(info.rank, error))
         if died:
-            self._raise_died(died, failures)
+            self._raise_died(sorted(died, key=lambda t: t.rank), failures)
         return tuple(failures)
 
     def _raise_died(self, died: list[RankInfo], failures: list[RankFailure]) -> None:
+        # Before the cell was sent, a rank died after the last cell: no line of this one.
+        sent = self.output is not None
+        when = f" in {self.request.where}" if sent else f" before {self.request.where}"
+        code = self.request.code if sent else None
+        hows = {
+            info.rank: ended_text(info.pid, self.cluster.exit_status(info.pid), self.oom)
+            for info in died
+        }
         lines = []
+        shown: set[str] = set()  # ranks under mpiexec share its log: shown once, unattributed
         for info in died:
-            how = exit_text(self.cluster.exit_status(info.pid))
-            log = self.cluster.log_tail(info.pid, lines=3)
-            self.on_death(info, how)
-            lines.append(
-                f"rank {info.rank} (pid {info.pid} on {info.host}) {how} in {self.request.where}"
+            path = self.cluster.log_path(info.pid)
+            log = self.cluster.log_since_mark(info.pid) if path not in shown else ""
+            shared = self.cluster.log_shared(info.pid)
+            shown.add(path)
+            lines.extend(
+                death_report(info, hows[info.rank], when, log, None if shared else code, shared)
             )
-            if log:
-                lines.append("  its last log lines:\n    " + log.replace("\n", "\n    "))
-            failures.append(RankFailure(info.rank, "RankDied", how, ""))
+            failures.append(RankFailure(info.rank, "RankDied", hows[info.rank], ""))
+        first = Member(died[0].pid, Role.ENGINE)
+        self.on_death(loss_reason(first, hows[died[0].rank], self.targets, when))
         message = (
             "\n".join(lines)
             + "\nThe process group lost a member: run %dist_restart (or session.restart())."
         )
         raise errors.RankDiedError(message, failures)
+
+    def _watch(self) -> None:
+        """Raise if a process the cluster needs is gone: a rank's engine as `RankDiedError`,
+        the controller or a nanny as `SessionError` (no rank could tell: ipyparallel only
+        learns of an engine's death from its nanny, and cells run through the controller)."""
+        gone = self.cluster.lost()
+        if gone is None:
+            return
+        by_pid = {t.pid: t for t in self.targets}
+        if self.output is not None:
+            if gone.role is Role.ENGINE and gone.pid in by_pid:
+                self._settle_after_death()
+            self.output.finish(self._outputs())
+        if gone.role is Role.ENGINE and gone.pid in by_pid:
+            self._failures(by_pid[gone.pid])
+        where = self.request.where
+        when = f" while {where} ran" if self.output is not None else f" before {where}"
+        reason = loss_reason(gone, self.cluster.how(gone), self.targets, when)
+        self.on_death(reason)
+        raise errors.SessionError(reason)
 
     def _settle_after_death(self) -> None:
         """Give the surviving ranks a moment to finish, then interrupt them."""
@@ -242,7 +303,9 @@ class CellRun:
 
     def _raise_timeout(self, elapsed: float) -> None:
         running = self._running()
-        stacks = self.control.stacks([t.rank for t in running])
+        # A stopped process (SIGSTOP, a debugger) answers nothing: no stack to wait for.
+        stopped = [t for t in running if self.cluster.stopped(t.pid)]
+        stacks = self.control.stacks([t.rank for t in running if t not in stopped])
         waits = {
             b.rank: f"waiting at {b.where()} for {format_ranks(b.waiting_for)}"
             for b in self.control.beacons([t.rank for t in running])
@@ -251,7 +314,9 @@ class CellRun:
         reports = []
         for info in self.targets:
             ar = self.results[info.rank]
-            if not ar.done():
+            if info in stopped:
+                reports.append(RankReport(info.rank, RankState.RUNNING, *stopped_detail(info)))
+            elif not ar.done():
                 stack = stacks.get(
                     info.rank,
                     "(no stack: the rank did not answer; it may be "
@@ -264,16 +329,20 @@ class CellRun:
                 reports.append(RankReport(info.rank, RankState.FAILED, summary))
             else:
                 reports.append(RankReport(info.rank, RankState.FINISHED))
-        stuck = self._interrupt(running)
+        # A stopped rank is not interrupted: the signal would wait until it is continued and
+        # then land in whatever cell it runs by then.
+        stuck = self._interrupt([t for t in running if t not in stopped])
         assert self.output is not None
         self.output.finish(self._outputs())
         message = (
             f"{self.request.where} still running on {format_ranks(t.rank for t in running)} "
             f"after {elapsed:.1f} s (timeout {self.request.timeout:g} s). "
         )
+        if stopped:
+            message += stopped_message(stopped) + " "
         if stuck:
             message += stuck_message(t.rank for t in stuck)
-        else:
+        elif not stopped:
             message += "The running ranks were interrupted; the cluster is ready."
         raise errors.RankTimeoutError(message, reports)
 

@@ -17,7 +17,7 @@ from distnb.ranklist import format_ranks
 from distnb.records.beacon import Beacon
 from distnb.records.cell import RankState
 from distnb.records.collective import CollectiveEvent
-from distnb.session.cells import Referee
+from distnb.session.cells import CellRequest, Referee
 from distnb.session.control import ControlPlane
 from distnb.session.deadlock import cycle_reason, find_cycle
 
@@ -28,7 +28,7 @@ DDP_HINT = (
     "parameters unused on some steps)"
 )
 DONE_WORDS = {
-    RankState.FINISHED: "finished the cell",
+    RankState.FINISHED: "finished {noun}",
     RankState.FAILED: "raised {error}",
     RankState.DIED: "died",
 }
@@ -59,7 +59,10 @@ class DesyncReferee(Referee):
         self._released: set[int] = set()
         self._suspect: tuple[tuple[int, int], ...] = ()  # (rank, wait id) of a cycle seen once
 
-    def tick(self, run_id: int, states: dict[int, RankState], failures: dict[int, str]) -> None:
+    def tick(
+        self, request: CellRequest, states: dict[int, RankState], failures: dict[int, str]
+    ) -> None:
+        run_id = request.run_id
         done = {r: s for r, s in states.items() if s is not RankState.RUNNING}
         running = [r for r, s in states.items() if s is RankState.RUNNING]
         if not running or run_id in self._released:
@@ -70,7 +73,10 @@ class DesyncReferee(Referee):
             self._look_for_cycle(run_id, beacons)
             return
         blamed = {r for b in waiters for r in b.waiting_for if r in done}
-        words = {r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error")) for r in blamed}
+        words = {
+            r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error"), noun=request.noun)
+            for r in blamed
+        }
         self.control.abort(run_id, desync_reason(words, waiters))
         self._released.add(run_id)
         self.waiters[run_id] = waiters
