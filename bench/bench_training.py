@@ -44,10 +44,10 @@ DETAIL_MODELS = ("FSDP2 10M MLP",)  # see DETAIL above
 MODELS = ("DDP small MLP", "DDP 10M MLP", "FSDP2 10M MLP", "compiled DDP MLP")
 # (steps per turn, rounds): full and --quick
 PLAN = {
-    "DDP small MLP": (20, 15),
-    "DDP 10M MLP": (3, 12),
-    "FSDP2 10M MLP": (3, 12),
-    "compiled DDP MLP": (20, 15),
+    "DDP small MLP": (20, 30),
+    "DDP 10M MLP": (3, 16),
+    "FSDP2 10M MLP": (3, 16),
+    "compiled DDP MLP": (20, 30),
 }
 QUICK = {m: (max(1, s // 2), 4) for m, (s, _) in PLAN.items()}
 
@@ -168,8 +168,9 @@ class Ranks(Spawned):
 
 def measure(
     ranks: Ranks, detail: Ranks, model: str, steps: int, rounds: int
-) -> dict[str, tuple[float, float]]:
-    """mode -> (median step ms, ratio to unchecked), modes rotated round by round."""
+) -> dict[str, tuple[float, float, float, float]]:
+    """mode -> (median step ms, ratio to unchecked, its quartiles over rounds), modes rotated
+    round by round."""
     modes = MODES if model in DETAIL_MODELS else MODES[:-1]
     per_mode: dict[str, list[int]] = {m: [] for m in modes}
     per_round: dict[str, list[float]] = {m: [] for m in modes}
@@ -181,13 +182,12 @@ def measure(
             per_mode[mode] += times
             per_round[mode].append(statistics.median(times))
     base = per_round["unchecked"]
-    return {
-        m: (
-            statistics.median(per_mode[m]) / 1e6,
-            statistics.median(a / b for a, b in zip(per_round[m], base, strict=True)),
-        )
-        for m in modes
-    }
+    found = {}
+    for m in modes:
+        ratios = [a / b for a, b in zip(per_round[m], base, strict=True)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        found[m] = (statistics.median(per_mode[m]) / 1e6, statistics.median(ratios), q1, q3)
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,8 +199,11 @@ def main(argv: list[str] | None = None) -> None:
     print("$ python " + " ".join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{os.cpu_count()} cores, load avg {load}; {time.ctime()}")
-    print("median step of the slowest rank, ms (ratio to unchecked: median of per-round ratios)\n")
-    cols = " | ".join(f"{m:>16}" for m in MODES)
+    print(
+        "median step of the slowest rank, ms; ratio to unchecked: median of per-round ratios "
+        "[their quartiles]\n"
+    )
+    cols = " | ".join(f"{m:>25}" for m in MODES)
     print(f"ranks | {'model':<17} | {cols}")
     for world in args.ranks:
         ranks, detail = Ranks(world), Ranks(world, detail=True)
@@ -209,7 +212,9 @@ def main(argv: list[str] | None = None) -> None:
                 steps, rounds = plan[model]
                 found = measure(ranks, detail, model, steps, rounds)
                 cells = " | ".join(
-                    f"{found[m][0]:8.2f} ({found[m][1]:.2f}x)" if m in found else f"{'-':>16}"
+                    f"{found[m][0]:7.2f} {found[m][1]:.2f}x [{found[m][2]:.2f}-{found[m][3]:.2f}]"
+                    if m in found
+                    else f"{'-':>25}"
                     for m in MODES
                 )
                 print(f"{world:>5} | {model:<17} | {cells}", flush=True)
