@@ -292,8 +292,8 @@ class Session:
     def _last_mismatch(self, rank: int) -> Mismatch | None:
         from distnb.rank import runtime
 
-        (mismatch,) = self.call(runtime.last_mismatch, ranks=[rank])
-        return mismatch  # type: ignore[no-any-return]
+        found: list[Mismatch | None] = self.call(runtime.last_mismatch, ranks=[rank])
+        return found[0]
 
     def call(
         self,

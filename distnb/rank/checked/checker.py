@@ -45,7 +45,6 @@ __all__ = ["Channel", "Checker", "Group", "end_when_done", "group_label", "host_
 SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
 P2P_SLOT_SIZE = 2 * 1024
 _MAX_VERDICTS = 4096
-_NOT_CACHED = object()
 # errors that end a wait without the call: the rank takes back what it posted
 WAIT_ENDED = (KeyboardInterrupt, CollectiveDesyncError, CollectiveMismatchError)
 
@@ -198,10 +197,11 @@ class Checker:
 
     def group(self, name: str) -> Group | None:
         """The checker's view of the group registered as `name`; None if this rank is not in it."""
-        g = self.groups.get(name, _NOT_CACHED)
-        if g is _NOT_CACHED:
+        try:
+            return self.groups[name]
+        except KeyError:
             g = self.groups[name] = self._new_group(name)
-        return g  # type: ignore[return-value]
+            return g
 
     def _new_group(self, name: str) -> Group | None:
         pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]
