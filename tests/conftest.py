@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -66,3 +70,20 @@ def running(pids: list[int]) -> list[int]:
 
 def children_of_this_process() -> list[int]:
     return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
+
+
+def interrupt_once_created(marker: Path, ranks: tuple[int, ...]) -> threading.Thread:
+    """SIGINT this process (Ctrl-C) once every rank has made `{marker}{rank}`: the ranks are
+    then inside the code to interrupt. Join the thread after the interrupted call."""
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 30
+        while not all(Path(f"{marker}{r}").exists() for r in ranks):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    return thread

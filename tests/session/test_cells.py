@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from distnb.errors import RankError, RankTimeoutError
-from tests.conftest import plain
+from tests.conftest import interrupt_once_created, plain
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -131,16 +128,7 @@ def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
         f"import time, pathlib\npathlib.Path({str(marker)!r} + str(rank)).touch()\ntime.sleep(60)"
     )
 
-    def interrupt_when_both_sleep() -> None:
-        deadline = time.monotonic() + 30
-        while not all(Path(f"{marker}{r}").exists() for r in (0, 1)):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    thread = threading.Thread(target=interrupt_when_both_sleep)
-    thread.start()
+    thread = interrupt_once_created(marker, ranks=(0, 1))
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         session.run(code)

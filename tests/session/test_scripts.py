@@ -4,11 +4,9 @@ and the same script under a real `torchrun`."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +21,7 @@ from distnb.errors import (
     RankError,
     RankTimeoutError,
 )
-from tests.conftest import plain
+from tests.conftest import interrupt_once_created, plain
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -289,16 +287,7 @@ def test_ctrl_c_interrupts_a_script_and_keeps_the_cluster(
 ) -> None:
     marker = tmp_path / "sleeping"
 
-    def interrupt_when_both_sleep() -> None:
-        deadline = time.monotonic() + 30
-        while not all(Path(f"{marker}{r}").exists() for r in (0, 1)):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    thread = threading.Thread(target=interrupt_when_both_sleep)
-    thread.start()
+    thread = interrupt_once_created(marker, ranks=(0, 1))
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         session.run_script(str(scripts / "sleeps.py"), [str(marker), "both"])
