@@ -24,7 +24,6 @@ Who writes what (values in brackets):
 from __future__ import annotations
 
 __all__ = [
-    "PG",
     "RUN",
     "abort",
     "beacon",
@@ -40,7 +39,7 @@ __all__ = [
     "stack_request",
 ]
 
-PG = "pg"
+_PG = "pg"
 RUN = "cell"
 _CHECK = "check"
 
@@ -94,8 +93,8 @@ def slot(prefix: str, ring: int, index: int) -> str:
 
 def process_group(epoch: int) -> str:
     """Rendezvous prefix of the default group's `epoch`-th remake (0: the first group)."""
-    return PG if epoch == 0 else f"{PG}/{epoch}"
+    return _PG if epoch == 0 else f"{_PG}/{epoch}"
 
 
 def group_arrival(epoch: int, rank: int) -> str:
-    return f"{PG}-here/{epoch}/{rank}"
+    return f"{_PG}-here/{epoch}/{rank}"
