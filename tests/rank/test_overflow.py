@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import itertools
 import math
 import pickle
@@ -254,6 +256,21 @@ def test_the_watch_keeps_no_activation_alive() -> None:
     w.detach()
 
 
+def test_the_watch_keeps_no_gradient_alive_after_backward() -> None:
+    model = gelu_mlp(4, width=64)
+    grads: list[weakref.ref[torch.Tensor]] = []
+
+    def keep_ref(m: nn.Module, args: Any, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: grads.append(weakref.ref(g)))  # type: ignore[no-untyped-call]
+
+    for m in model:
+        m.register_forward_hook(keep_ref)
+    w = overflow.watch(model)
+    model(torch.randn(16, 64)).sum().backward()
+    assert len(grads) == len(model) and all(r() is None for r in grads)
+    w.detach()
+
+
 # -- fp16: headroom, then overflow --------------------------------------------------------------
 
 
@@ -357,6 +374,53 @@ def test_a_step_of_many_modules_makes_one_host_sync() -> None:
     assert methods.n == 2  # the step's one `.tolist()`: nothing else reads a value back
     assert scalars.n == 0  # no `.item()`/`bool()` per tensor underneath either
     assert len(w.report().ring) == 21
+    w.detach()
+
+
+def test_a_watched_model_saves_whole_and_copies_unwatched() -> None:
+    model = mlp(4, 8, 2)
+    x = torch.randn(3, 4)
+    w = overflow.watch(model, trace_batches=[0])
+    train_step(model, x)
+    buf = io.BytesIO()
+    torch.save(model, buf)  # a checkpoint of the whole module, hooks included
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    twin = copy.deepcopy(model)
+    for other in (loaded, twin):
+        with torch.no_grad():
+            other[0].weight.fill_(math.inf)  # would be the first non-finite frame if watched
+        train_step(other, x)
+        assert torch.equal(other[2].weight, model[2].weight)
+    train_step(model, x)
+    w.step()
+    r = w.report()
+    assert r.steps == 2 and r.first is None  # the copies' steps never reached this watch
+    assert {f.step for f in r.traced} == {0}
+    w.detach()
+
+
+@pytest.mark.parametrize("user_first", [True, False])
+def test_user_hooks_on_outputs_and_leaf_inputs_live_beside_the_watch(user_first: bool) -> None:
+    model = nn.Sequential(nn.Identity(), nn.Linear(4, 2))
+    seen: list[torch.Tensor] = []
+
+    def keep_grad(m: nn.Module, args: Any, out: torch.Tensor) -> None:
+        out.register_hook(seen.append)  # type: ignore[no-untyped-call]
+
+    if user_first:
+        model[1].register_forward_hook(keep_grad)
+    w = overflow.watch(model, trace_batches=[0, 1, 2])
+    if not user_first:
+        model[1].register_forward_hook(keep_grad)
+    x = torch.randn(3, 4, requires_grad=True)  # a leaf the Identity returns, every step
+    for _ in range(3):
+        model(x).sum().backward()
+    w.step()
+    assert len(seen) == 3 and all(torch.equal(g, torch.ones(3, 2)) for g in seen)
+    assert x._backward_hooks is not None and len(x._backward_hooks) == 1  # not one per step
+    backward = [(f.step, f.module) for f in w.report().traced if f.phase is Phase.BACKWARD]
+    assert backward == [(s, m) for s in range(3) for m in ("1", "", "0")]
     w.detach()
 
 

@@ -105,11 +105,11 @@ class History:
         self.traced: list[Frame] = []
         self.headroom: list[Frame] = []
         self._warned: set[tuple[str, Phase]] = set()
-        self._tail: Callable[[], list[Frame]] = list  # the latest frames, built on demand
+        self._latest: Callable[[], list[Frame]] = list  # the latest frames, built on demand
 
     def tail(self) -> tuple[Frame, ...]:
         """The last frames read back (at most `frames` of them)."""
-        return tuple(self._tail())
+        return tuple(self._latest())
 
     def record(
         self, step: int, base: int, metas: list[FrameMeta], readout: Readout, lowp: bool
@@ -121,20 +121,19 @@ class History:
         def frame(i: int) -> Frame:
             return build_frame(metas[i], base + i, step, readout, now)
 
-        first_i = None
+        found = None
         if self.first is None and not readout.all_finite():
             first_i = _find_first(metas, readout)
+            if first_i is not None:
+                upto = [frame(i) for i in range(max(0, first_i + 1 - self.frames), first_i + 1)]
+                self.ring = tuple([*self._latest(), *upto][-self.frames :])
+                self.first = found = self.ring[-1]
         if lowp:
             self._check_headroom(metas, readout, frame)
         if step in self.trace:
             self.traced.extend(frame(i) for i in range(len(metas)))
-        found = None
-        if first_i is not None:
-            upto = [frame(i) for i in range(max(0, first_i + 1 - self.frames), first_i + 1)]
-            self.ring = tuple([*self._tail(), *upto][-self.frames :])
-            self.first = found = self.ring[-1]
         last = range(max(0, len(metas) - self.frames), len(metas))
-        self._tail = lambda: [frame(i) for i in last]  # most steps never need their frames
+        self._latest = lambda: [frame(i) for i in last]  # most steps never need their frames
         return found
 
     def _check_headroom(
