@@ -299,6 +299,9 @@ CASES: dict[str, Callable[[int], Any]] = {
     "split sizes": lambda r: dist.all_to_all_single(torch.zeros(3), torch.zeros(3), [1, 2], [1, 2]),
     "count": lambda r: dist.broadcast_object_list([None] * (2 + r), src=0),
     "all_gather_single output": lambda r: dist.all_gather_single(torch.zeros(2), torch.zeros(2)),
+    # `dist.*` is checked at the group's method, the method's other overloads at the op's kernel:
+    # one check all the same
+    "paths": lambda r: [dist.all_reduce, dist.group.WORLD.allreduce][r](torch.ones(8 >> r)),
 }
 KINDS = {
     "op type": "op type",
@@ -310,6 +313,7 @@ KINDS = {
     "split sizes": "split sizes",
     "count": "count",
     "all_gather_single output": "shape",
+    "paths": "shape",
 }
 
 

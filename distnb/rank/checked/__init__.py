@@ -103,7 +103,7 @@ def install(
         generation=generation,
     )
     p2p = P2P(checker)
-    _patches = Patches(send=p2p.send, recv=p2p.recv, batch=p2p.batch)
+    _patches = Patches(send=p2p.send, recv=p2p.recv, batch=p2p.batch, interceptor=_interceptor)
     _checker = checker
     _interceptor.install(checker.collective, p2p.op)
 

@@ -13,10 +13,13 @@ The ops beneath (`intercept`) see tensors; a few Python functions know more, and
   batch may come in any order on each rank; a blocking `recv` from any source counts its message
   once the source is known;
 - `Work.wait`: the end time of a synchronous op (its event is recorded before the caller waits);
-- under `torch.inference_mode()` the ops' kernels are not reached (`intercept`): the process
-  group's methods, which every `torch.distributed` function calls, and the functional
-  collectives (what DTensor calls) then run with inference mode off for the call's duration.
-  Tensors they make are normal tensors, which inference-mode code uses as it would its own.
+- `ProcessGroup`'s methods, which every `torch.distributed` function calls: checked there when
+  called as `torch.distributed` calls them (`methods`), which skips the dispatcher's round trip
+  into the ops' kernels;
+- under `torch.inference_mode()` the ops' kernels are not reached (`intercept`): the group's
+  other methods and the functional collectives (what DTensor calls) then run with inference
+  mode off for the call's duration. Tensors they make are normal tensors, which inference-mode
+  code uses as it would its own.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import distributed as ddp_module
 
-from distnb.rank.checked import origin
+from distnb.rank.checked import methods, origin
 from distnb.rank.checked.calls import local, spec
 from distnb.rank.checked.intercept import Context
 from distnb.rank.checked.recorder import END
@@ -158,7 +161,7 @@ def _awake(fn: Any) -> Any:
 class Patches:
     """The Python functions `install` wraps; `restore` puts them back."""
 
-    def __init__(self, *, send: Wrap, recv: Wrap, batch: Wrap) -> None:
+    def __init__(self, *, send: Wrap, recv: Wrap, batch: Wrap, interceptor: Any) -> None:
         self._originals: list[tuple[Any, str, Any]] = []
         for name, said in OBJECT_CALLS.items():
             self._wrap_dist(name, functools.partial(_object_wrapper, name=name, said=said))
@@ -166,7 +169,11 @@ class Patches:
         self._wrap_dist("recv", recv)
         self._wrap_dist("batch_isend_irecv", batch)
         for name in _GROUP_METHODS:
-            self._patch(dist.ProcessGroup, name, _awake)
+            if name in methods.DESCRIBE:  # checked where `torch.distributed` calls them
+                make = functools.partial(_entry, name=name, interceptor=interceptor)
+                self._patch(dist.ProcessGroup, name, make)
+            else:
+                self._patch(dist.ProcessGroup, name, _awake)
         for name in _FUNCTIONAL:
             self._patch(funcol, name, _awake)
         self._patch(dist.Work, "wait", _stamp_end)
@@ -196,6 +203,10 @@ class Patches:
         if raw is not None:
             self._originals.append((owner, name, raw))
             setattr(owner, name, make(getattr(owner, name)))
+
+
+def _entry(method: Any, *, name: str, interceptor: Any) -> Any:
+    return methods.entry(name, method, interceptor, _awake(method))
 
 
 def _object_wrapper(fn: Any, *, name: str, said: Callable[..., Said]) -> Any:
