@@ -1,6 +1,7 @@
 """What checking collectives costs: distnb's checked runtime against its peers, on gloo.
 
     python bench/bench_collectives.py [--quick] [--ranks 2 4]
+    python bench/bench_collectives.py --focus all_reduce:4MiB broadcast:8el [--rounds 60]
 
 For each world size it starts the ranks once (spawned processes, a TCPStore in this process as
 the control plane, gloo on loopback) and times, interleaved round by round so that a busy machine
@@ -48,8 +49,9 @@ from spawned import Spawned  # noqa: E402
 from distnb import keys  # noqa: E402  (after the path: the bench runs from a checkout)
 
 MODES = ("plain", "again", "checked", "DETAIL", "accel", "accel-debug")
-# ranks, op, size, median ms per mode, ratio to plain per mode (median of per-round ratios)
-Row = tuple[int, str, str, dict[str, float], dict[str, float]]
+# ranks, op, size, median ms per mode, ratio to plain per mode (median of per-round ratios),
+# each ratio's 95% confidence interval (`_median_ci`)
+Row = tuple[int, str, str, dict[str, float], dict[str, float], dict[str, tuple[float, float]]]
 OPS = ("all_reduce", "all_gather", "broadcast")
 SIZES = {"8 el": 8, "64 KiB": 16 * 1024, "4 MiB": 1024 * 1024, "64 MiB": 16 * 1024 * 1024}
 # (iterations per round, rounds) per size, full and --quick
@@ -302,11 +304,17 @@ def measure(
             per_round[mode].append(statistics.median(slowest))
     base = per_round[modes[0]]
     medians = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
-    ratios = {
-        m: statistics.median(a / b for a, b in zip(v, base, strict=True))
-        for m, v in per_round.items()
-    }
-    return cluster.world, op, label, medians, ratios
+    each = {m: [a / b for a, b in zip(v, base, strict=True)] for m, v in per_round.items()}
+    ratios = {m: statistics.median(v) for m, v in each.items()}
+    return cluster.world, op, label, medians, ratios, {m: _median_ci(v) for m, v in each.items()}
+
+
+def _median_ci(values: list[float]) -> tuple[float, float]:
+    """A 95% confidence interval of the median, from order statistics (no assumption about the
+    distribution): the values at ranks n/2 -/+ 0.98 sqrt(n), clamped to the sample."""
+    v, n = sorted(values), len(values)
+    half = 0.98 * n**0.5
+    return v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half + 0.5))]
 
 
 def time_ops(cluster: Cluster, plan: dict[str, tuple[int, int]]) -> list[Row]:
@@ -333,7 +341,7 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
         modes = ("plain", "again", "checked", "DETAIL")
         row = measure(cluster, op, label, modes, iters, rounds, gap_ms)
         rows.append(row)
-        _, _, _, med, ratio = row
+        _, _, _, med, ratio, _ = row
         others = " | ".join(f"{m} {med[m]:.3f} ms ({ratio[m]:.2f}x)" for m in modes[1:])
         print(
             f"{cluster.world:>5} | {op}, {gap_ms:g} ms between calls | {label:>6} | "
@@ -341,6 +349,27 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
             flush=True,
         )
     return rows
+
+
+def time_focus(cluster: Cluster, focus: list[str], rounds: int) -> None:
+    """The named `op:size` rows (`all_reduce:4MiB`) in plain, again and checked only, in many
+    rounds, with each ratio's 95% confidence interval: enough to tell 1.05x from 1.20x here."""
+    modes = ("plain", "again", "checked")
+    sizes = {k.replace(" ", ""): k for k in SIZES}
+    for item in focus:
+        op, size = item.split(":")
+        label = sizes[size]
+        row = measure(cluster, op, label, modes, PLAN[label][0], rounds)
+        _, _, _, med, ratio, ci = row
+        others = " | ".join(
+            f"{m} {med[m]:.3f} ms {ratio[m]:.2f}x [{ci[m][0]:.2f}-{ci[m][1]:.2f}]"
+            for m in modes[1:]
+        )
+        print(
+            f"{cluster.world:>5} | {op:<11} | {label:>7} | {rounds} rounds | "
+            f"plain {med['plain']:.3f} ms | {others}",
+            flush=True,
+        )
 
 
 def mismatch_latency(cluster: Cluster, trials: int) -> float:
@@ -372,7 +401,7 @@ def abort_latency(cluster: Cluster, trials: int) -> float:
 
 
 def _row(row: Row) -> str:
-    world, op, label, med, ratio = row
+    world, op, label, med, ratio, _ = row
     cells = [f"{world:>5}", f"{op:<11}", f"{label:>7}", f"{med['plain']:9.3f}"]
     for mode in MODES[1:]:
         cells.append(f"{med[mode]:9.3f} {ratio[mode]:5.2f}x")
@@ -403,6 +432,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--gap-only", action="store_true", help="only the rows with work between calls"
     )
+    parser.add_argument(
+        "--focus",
+        nargs="+",
+        metavar="OP:SIZE",
+        help="only these rows (e.g. all_reduce:4MiB broadcast:8el), plain/again/checked in "
+        "--rounds rounds, with 95%% confidence intervals",
+    )
+    parser.add_argument("--rounds", type=int, default=60, help="rounds per --focus row")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else PLAN
     print("$ python " + " ".join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
@@ -411,6 +448,15 @@ def main(argv: list[str] | None = None) -> None:
         "median per iteration of the slowest rank; ratio: median over rounds of the round's "
         f"ratio to plain; modes take turns; {time.ctime()}\n"
     )
+    if args.focus:
+        print("ratio [its 95% confidence interval]")
+        for world in args.ranks:
+            cluster = Cluster(world)
+            try:
+                time_focus(cluster, args.focus, args.rounds)
+            finally:
+                cluster.close()
+        return
     print(header())
     extras: list[dict[str, Any]] = []
     for world in args.ranks:
