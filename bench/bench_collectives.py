@@ -10,6 +10,9 @@ slows every mode alike:
 - plain:       torch.distributed as is (`distnb.unchecked()` around the call);
 - again:       plain once more, in its own turn: the control, whose ratio to plain shows how far
                two runs of the same code differ here (the noise floor of every other ratio);
+- barrier:     (`--focus` only) plain after an exchange of a fixed payload through a
+               shared-memory board, as the checker makes: what any check made before data
+               moves pays for the round trip alone;
 - checked:     distnb's checked runtime (a kernel at every collective op; fingerprints through
                shared memory);
 - DETAIL:      `TORCH_DISTRIBUTED_DEBUG=DETAIL` (a process group created at debug level DETAIL,
@@ -112,6 +115,8 @@ class _Rig:
 
     def __init__(self, rank: int, world: int, detail: Any, state: Any, acc: Any) -> None:
         self.rank, self.world, self.detail, self.state, self.acc = rank, world, detail, state, acc
+        self._board: Any = None  # the "barrier" mode's board, and its last stamp
+        self._stamp = 0
 
     def time_op(self, op: str, numel: int, mode: str, iters: int, gap_ms: float = 0) -> list[int]:
         import torch
@@ -136,6 +141,8 @@ class _Rig:
                 "broadcast": lambda: acc.broadcast(x, from_process=0),
             }
         call = calls[op]
+        if mode == "barrier":
+            call = self._after_barrier(call)
         times = []
         with checked.unchecked() if mode != "checked" else _nothing():
             call()  # warm up this mode
@@ -147,6 +154,30 @@ class _Rig:
                 call()
                 times.append(time.perf_counter_ns() - t0)
         return times
+
+    def _after_barrier(self, call: Callable[[], Any]) -> Callable[[], Any]:
+        """`call` after an exchange of a fixed payload through a board like the checker's: the
+        round trip any check made before data moves must pay, without the check itself."""
+        from distnb.rank import checked
+        from distnb.rank.checked import exchange
+
+        if self._board is None:
+            checker = checked._checker
+            assert checker is not None
+            path = exchange.shm_path(checker.session_id, f"bench-barrier-{self.world}")
+            self._board = exchange.ShmBoard(path, self.world, 2, 64)
+        board, me = self._board, self.rank
+        peers = [r for r in range(self.world) if r != me]
+
+        def barrier_then_call() -> Any:
+            self._stamp += 1
+            board.post(me, self._stamp, b"F")
+            exchange.collect(board, peers, self._stamp, lambda *_: None)
+            if self._stamp == 1:
+                board.forget()  # every rank has it mapped: its file can go
+            return call()
+
+        return barrier_then_call
 
     def mismatch_latency(self, trials: int) -> list[tuple[int, int]]:
         """(arrival of the last rank, this rank's raise) per trial, monotonic ns."""
@@ -352,9 +383,11 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
 
 
 def time_focus(cluster: Cluster, focus: list[str], rounds: int) -> None:
-    """The named `op:size` rows (`all_reduce:4MiB`) in plain, again and checked only, in many
-    rounds, with each ratio's 95% confidence interval: enough to tell 1.05x from 1.20x here."""
-    modes = ("plain", "again", "checked")
+    """The named `op:size` rows (`all_reduce:4MiB`) in plain, again, barrier and checked only,
+    in many rounds, with each ratio's 95% confidence interval: enough to tell 1.05x from 1.20x
+    here. `barrier` is plain after an exchange through a shared-memory board, as the checker
+    makes, without the check: the floor of a check made before data moves."""
+    modes = ("plain", "again", "barrier", "checked")
     sizes = {k.replace(" ", ""): k for k in SIZES}
     for item in focus:
         op, size = item.split(":")
@@ -436,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         "--focus",
         nargs="+",
         metavar="OP:SIZE",
-        help="only these rows (e.g. all_reduce:4MiB broadcast:8el), plain/again/checked in "
+        help="only these rows (e.g. all_reduce:4MiB broadcast:8el), plain/again/barrier/checked in "
         "--rounds rounds, with 95%% confidence intervals",
     )
     parser.add_argument("--rounds", type=int, default=60, help="rounds per --focus row")
