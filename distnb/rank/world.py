@@ -13,6 +13,13 @@ calls `dist.init_process_group()` itself and `dist.destroy_process_group()` at i
   torch's teardown expects; the group stays gone for the rest of the cell (as under torchrun) and
   is made again when the cell ends (`restore`), under a fresh rendezvous prefix, so the next cell
   has a working, checked group.
+
+The barrier's work is kept until then. gloo's barrier holds the works still in progress when it
+was called (the script's last all_reduce, often), and their tensors have Python objects (distnb's
+kernels saw them). Dropped by gloo's worker thread, those objects need the GIL; and a DDP model
+freed as the script's `main()` returns takes the group with it, whose destructor joins that
+thread while holding the GIL: both waited for ever (seen once in a test run). Kept here, the
+work is freed in this thread, at `restore`, long after the worker let go of it.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class World:
     store: dist.Store
     device: torch.device
     epoch: int = 0
+    _destroyed: Any = None  # the destroy barrier's work, until `restore` (see the module)
 
     def create(self) -> None:
         """Join the other ranks in a new default group (every rank calls it alike)."""
@@ -68,6 +76,7 @@ class World:
         """Make the group again if user code destroyed it (every rank alike, as they destroyed
         it together): at the end of that cell, or when user code initialises it again."""
         if not dist.is_initialized():
+            self._destroyed = None
             self.epoch += 1
             self.create()
 
@@ -115,7 +124,9 @@ class World:
         if not dist.is_initialized():
             _destroy()  # torch's own error: nothing to destroy
             return
-        dist.barrier()  # checked: every rank destroys together, or the laggard is named
+        # checked: every rank destroys together, or the laggard is named
+        self._destroyed = dist.barrier(async_op=True)
+        self._destroyed.wait()
         _destroy()
         checked.forget_groups()
 
