@@ -13,8 +13,9 @@ slows every mode alike:
 - barrier:     (`--focus` only) plain after an exchange of a fixed payload through a
                shared-memory board, as the checker makes: what any check made before data
                moves pays for the round trip alone;
-- checked:     distnb's checked runtime (a kernel at every collective op; fingerprints through
-               shared memory);
+- checked:     distnb's checked runtime (`torch.distributed`'s calls checked at the group's
+               methods, every other caller at the ops' kernels; fingerprints through shared
+               memory);
 - DETAIL:      `TORCH_DISTRIBUTED_DEBUG=DETAIL` (a process group created at debug level DETAIL,
                which wraps gloo in torch's ProcessGroupWrapper);
 - accel:       Accelerate's `gather` / `broadcast` / `reduce` (`PartialState(cpu=True)`);

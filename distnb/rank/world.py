@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -54,7 +54,8 @@ class World:
     store: dist.Store
     device: torch.device
     epoch: int = 0
-    _destroyed: Any = None  # the destroy barrier's work, until `restore` (see the module)
+    # the destroy barrier's work, until `restore` (see the module)
+    _destroyed: Any = field(default=None, init=False, repr=False)
 
     def create(self) -> None:
         """Join the other ranks in a new default group (every rank calls it alike)."""
