@@ -241,6 +241,27 @@ def test_async_op(ranks: Ranks) -> None:
         assert r == {"x": [1.0] * 4, "ordered": True}
 
 
+def s_boxed_work(rank: int) -> dict[str, bool]:
+    """An op's kernel returns its work boxed (DDP's buckets): its end comes from its future."""
+    from distnb.rank.checked.checker import end_when_done
+    from distnb.rank.checked.recorder import END
+
+    with checked.unchecked():
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+    entry: list[Any] = [0] * (END + 1)
+    hooked = end_when_done(([torch.ones(4)], work.boxed()), entry)
+    work.wait()
+    deadline = time.monotonic() + 2
+    while entry[END] == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # the future's callback runs on gloo's thread
+    return {"hooked": hooked, "stamped": entry[END] > 0, "tensor": end_when_done(torch.ones(1), [])}
+
+
+def test_boxed_work_gets_its_end_from_its_future(ranks: Ranks) -> None:
+    for r in values(ranks.run(s_boxed_work)):
+        assert r == {"hooked": True, "stamped": True, "tensor": False}
+
+
 def s_ddp(rank: int) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -45,6 +45,7 @@ __all__ = ["Channel", "Checker", "Group", "end_when_done", "group_label", "host_
 SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
 P2P_SLOT_SIZE = 2 * 1024
 _MAX_VERDICTS = 4096
+_ScriptObject = torch.ScriptObject
 # errors that end a wait without the call: the rank takes back what it posted
 WAIT_ENDED = (KeyboardInterrupt, CollectiveDesyncError, CollectiveMismatchError)
 
@@ -418,9 +419,15 @@ def end_when_done(result: Any, entry: list[Any]) -> bool:
     """Fill in the end time when the op's work completes; False if it has no future to tell
     (a functional collective's result, gloo's point-to-point work)."""
     work = result[-1] if isinstance(result, tuple) else result
+    if type(work) is _ScriptObject:
+        # An op's kernel returns its work boxed (`torch.classes.c10d.Work`: DDP's buckets).
+        # Asking the box for `get_future` fails, and slowly (68 us a call, measured here).
+        work = dist.Work.unbox(work)
+    elif not isinstance(work, dist.Work):
+        return False
     try:
         fut = work.get_future()
-    except (RuntimeError, AttributeError):
+    except RuntimeError:
         return False
     fut.add_done_callback(lambda _: entry.__setitem__(END, time.monotonic_ns()))
     return True
