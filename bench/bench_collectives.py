@@ -48,13 +48,14 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from median_ci import median_ci  # noqa: E402
 from spawned import Spawned  # noqa: E402
 
 from distnb import keys  # noqa: E402  (after the path: the bench runs from a checkout)
 
 MODES = ("plain", "again", "checked", "DETAIL", "accel", "accel-debug")
 # ranks, op, size, median ms per mode, ratio to plain per mode (median of per-round ratios),
-# each ratio's 95% confidence interval (`_median_ci`)
+# each ratio's 95% confidence interval (`median_ci`)
 Row = tuple[int, str, str, dict[str, float], dict[str, float], dict[str, tuple[float, float]]]
 OPS = ("all_reduce", "all_gather", "broadcast")
 SIZES = {"8 el": 8, "64 KiB": 16 * 1024, "4 MiB": 1024 * 1024, "64 MiB": 16 * 1024 * 1024}
@@ -338,15 +339,7 @@ def measure(
     medians = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
     each = {m: [a / b for a, b in zip(v, base, strict=True)] for m, v in per_round.items()}
     ratios = {m: statistics.median(v) for m, v in each.items()}
-    return cluster.world, op, label, medians, ratios, {m: _median_ci(v) for m, v in each.items()}
-
-
-def _median_ci(values: list[float]) -> tuple[float, float]:
-    """A 95% confidence interval of the median, from order statistics (no assumption about the
-    distribution): the values at ranks n/2 -/+ 0.98 sqrt(n), clamped to the sample."""
-    v, n = sorted(values), len(values)
-    half = 0.98 * n**0.5
-    return v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half + 0.5))]
+    return cluster.world, op, label, medians, ratios, {m: median_ci(v) for m, v in each.items()}
 
 
 def time_ops(cluster: Cluster, plan: dict[str, tuple[int, int]]) -> list[Row]:

@@ -18,7 +18,11 @@ Variants, each on its own copy of the model with its hooks attached throughout:
   (inputs, outputs, own weights), backward (gradient into each module output) and each
   parameter's `.grad`: about twice as many tensors as DUO;
 - `distnb fwd`: `watch(model, phases=("forward",))`: what DUO watches;
-- `distnb auto`, `distnb full`: the other statistics modes, fwd+bwd+grad.
+- `distnb auto`, `distnb full`: the other statistics modes, fwd+bwd+grad;
+- `floor`, `floor fwd`: the least a watch made of Python hooks can cost (`Floor`): one `aminmax`
+  per module output, parameter, output gradient and `.grad`, through torch's hook API, with no
+  names, no deduplication and nothing decoded; one `tolist()` a step. Not a tracer: its ratio is
+  what per-module Python hooks alone cost on this machine, the line under distnb's.
 
 Timing: a run warms every variant up, then runs rounds; a round steps each variant once, in a
 shuffled order, so that a busy neighbour slows them all alike. Per variant and run: the median
@@ -176,7 +180,53 @@ def make_variants(model: nn.Module) -> list[Variant]:
     ):
         ours = copy.deepcopy(model)
         variants.append(Variant(name, ours, overflow.watch(ours, **options)))
+    for name, backward in (("floor", True), ("floor fwd", False)):
+        floor = copy.deepcopy(model)
+        Floor(floor, backward)
+        variants.append(Variant(name, floor))
     return variants
+
+
+class Floor:
+    """Hooks that do no more than compute each tensor's statistics (see `floor` above)."""
+
+    def __init__(self, model: nn.Module, backward: bool) -> None:
+        self.buf = torch.empty(1 << 14, 2)
+        self.cells = [(row[0], row[1]) for row in self.buf.unbind()]
+        self.n = 0
+        self.backward = backward
+        model.register_forward_pre_hook(self._step)
+        for m in model.modules():
+            m.register_forward_hook(self._forward)
+        if backward:
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(lambda p: self._stat(p.grad))
+
+    def _stat(self, t: torch.Tensor | None) -> None:
+        if t is not None and t.dtype is torch.float32:
+            torch.aminmax(t, out=self.cells[self.n])
+            self.n += 1
+
+    def _step(self, module: nn.Module, args: Any) -> None:
+        self.buf[: self.n].tolist()  # the step's one host sync
+        self.n = 0
+
+    def _forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        outs = (output,) if type(output) is torch.Tensor else output
+        if type(outs) is not tuple:
+            return
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        for p in module._parameters.values():
+            self._stat(p)
+        for t in outs:
+            if type(t) is torch.Tensor:
+                self._stat(t)
+        torch._C._set_grad_enabled(grad)
+        if self.backward:
+            for t in outs:
+                if type(t) is torch.Tensor and t.requires_grad:
+                    t.register_hook(self._stat)
 
 
 def step(model: nn.Module, loss_of: LossOf) -> None:

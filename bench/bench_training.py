@@ -1,6 +1,7 @@
 """What checking costs on whole training steps: DDP, FSDP2 and a compiled DDP step, on gloo.
 
     python bench/bench_training.py [--quick] [--ranks 2]
+    python bench/bench_training.py --models "DDP small MLP" --rounds 120
 
 Each rank builds the models once and times one optimizer step (forward, backward with its
 gradient collectives, step) in four modes that take turns in short rounds, each mode in every
@@ -18,7 +19,8 @@ Models: a small MLP (64-256-256-10, batch 32, 0.09 M parameters, one DDP bucket)
 parameter MLP (4 x 1600x1600, batch 16, several buckets), FSDP2 (`fully_shard` per layer) of the
 10 M model, and the small MLP under `torch.compile` (DDP's graph splitting per bucket). The
 figure is the median step time of the slowest rank; a ratio is the median over rounds of that
-round's median against unchecked in the same round.
+round's median against unchecked in the same round, given with the 95% confidence interval of
+that median (order statistics): more `--rounds` narrow it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from spawned import Spawned  # noqa: E402  (bench/ is on the path when the bench runs)
+from median_ci import median_ci  # noqa: E402  (bench/ is on the path when the bench runs)
+from spawned import Spawned  # noqa: E402
 
 MODES = ("unchecked", "again", "checked", "DETAIL")
 DETAIL_MODELS = ("FSDP2 10M MLP",)  # see DETAIL above
@@ -169,8 +172,8 @@ class Ranks(Spawned):
 def measure(
     ranks: Ranks, detail: Ranks, model: str, steps: int, rounds: int
 ) -> dict[str, tuple[float, float, float, float]]:
-    """mode -> (median step ms, ratio to unchecked, its quartiles over rounds), modes rotated
-    round by round."""
+    """mode -> (median step ms, ratio to unchecked, the 95% confidence interval of that
+    median ratio over rounds), modes rotated round by round."""
     modes = MODES if model in DETAIL_MODELS else MODES[:-1]
     per_mode: dict[str, list[int]] = {m: [] for m in modes}
     per_round: dict[str, list[float]] = {m: [] for m in modes}
@@ -185,8 +188,8 @@ def measure(
     found = {}
     for m in modes:
         ratios = [a / b for a, b in zip(per_round[m], base, strict=True)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4)
-        found[m] = (statistics.median(per_mode[m]) / 1e6, statistics.median(ratios), q1, q3)
+        low, high = median_ci(ratios)
+        found[m] = (statistics.median(per_mode[m]) / 1e6, statistics.median(ratios), low, high)
     return found
 
 
@@ -194,21 +197,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=MODELS, metavar="MODEL")
+    parser.add_argument("--rounds", type=int, help="rounds per model (default: the plan's)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else PLAN
+    if args.rounds:
+        plan = {m: (steps, args.rounds) for m, (steps, _) in plan.items()}
     print("$ python " + " ".join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{os.cpu_count()} cores, load avg {load}; {time.ctime()}")
     print(
         "median step of the slowest rank, ms; ratio to unchecked: median of per-round ratios "
-        "[their quartiles]\n"
+        "[its 95% confidence interval]\n"
     )
     cols = " | ".join(f"{m:>25}" for m in MODES)
     print(f"ranks | {'model':<17} | {cols}")
     for world in args.ranks:
         ranks, detail = Ranks(world), Ranks(world, detail=True)
         try:
-            for model in MODELS:
+            for model in args.models:
                 steps, rounds = plan[model]
                 found = measure(ranks, detail, model, steps, rounds)
                 cells = " | ".join(
