@@ -254,12 +254,13 @@ def s_boxed_work(rank: int) -> dict[str, bool]:
     deadline = time.monotonic() + 2
     while entry[END] == 0 and time.monotonic() < deadline:
         time.sleep(0.001)  # the future's callback runs on gloo's thread
-    return {"hooked": hooked, "stamped": entry[END] > 0, "tensor": end_when_done(torch.ones(1), [])}
+    others = [end_when_done(torch.ones(1), []), end_when_done(dist.group.WORLD.boxed(), [])]
+    return {"hooked": hooked, "stamped": entry[END] > 0, "others": others}
 
 
 def test_boxed_work_gets_its_end_from_its_future(ranks: Ranks) -> None:
     for r in values(ranks.run(s_boxed_work)):
-        assert r == {"hooked": True, "stamped": True, "tensor": False}
+        assert r == {"hooked": True, "stamped": True, "others": [False, False]}
 
 
 def s_ddp(rank: int) -> list[float]:

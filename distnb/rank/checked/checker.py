@@ -419,15 +419,15 @@ def end_when_done(result: Any, entry: list[Any]) -> bool:
     """Fill in the end time when the op's work completes; False if it has no future to tell
     (a functional collective's result, gloo's point-to-point work)."""
     work = result[-1] if isinstance(result, tuple) else result
-    if type(work) is _ScriptObject:
-        # An op's kernel returns its work boxed (`torch.classes.c10d.Work`: DDP's buckets).
-        # Asking the box for `get_future` fails, and slowly (68 us a call, measured here).
-        work = dist.Work.unbox(work)
-    elif not isinstance(work, dist.Work):
-        return False
     try:
+        if type(work) is _ScriptObject:
+            # An op's kernel returns its work boxed (`torch.classes.c10d.Work`: DDP's buckets).
+            # Asking the box for `get_future` fails, and slowly (68 us a call, measured here).
+            work = dist.Work.unbox(work)
+        elif not isinstance(work, dist.Work):
+            return False
         fut = work.get_future()
-    except RuntimeError:
+    except RuntimeError:  # not a work after all; gloo's point-to-point work has no future
         return False
     fut.add_done_callback(lambda _: entry.__setitem__(END, time.monotonic_ns()))
     return True
