@@ -19,10 +19,10 @@ Variants, each on its own copy of the model with its hooks attached throughout:
   parameter's `.grad`: about twice as many tensors as DUO;
 - `distnb fwd`: `watch(model, phases=("forward",))`: what DUO watches;
 - `distnb auto`, `distnb full`: the other statistics modes, fwd+bwd+grad;
-- `floor`, `floor fwd`: the least a watch made of Python hooks can cost (`Floor`): one `aminmax`
-  per module output, parameter, output gradient and `.grad`, through torch's hook API, with no
-  names, no deduplication and nothing decoded; one `tolist()` a step. Not a tracer: its ratio is
-  what per-module Python hooks alone cost on this machine, the line under distnb's.
+- `floor`, `floor fwd`: the simplest hooks written in Python (`Floor`): one `aminmax` per module
+  output, parameter, output gradient and `.grad`, through torch's hook API, with no names and
+  nothing decoded; one `tolist()` a step. Not a tracer: its ratio is what per-module Python
+  hooks cost on this machine before any bookkeeping.
 
 Timing: a run warms every variant up, then runs rounds; a round steps each variant once, in a
 shuffled order, so that a busy neighbour slows them all alike. Per variant and run: the median
