@@ -94,7 +94,9 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     from distnb.magics import DistMagics
 
     if not any(isinstance(m, DistMagics) for m in ipython.magics_manager.registry.values()):
-        ipython.register_magics(DistMagics(ipython))
+        magics = DistMagics(ipython)
+        ipython.register_magics(magics)
+        magics.route_debugger()  # %debug and %pdb on reach a failed rank
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
@@ -102,8 +104,10 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
     from distnb.magics import DistMagics
 
     for magics in ipython.magics_manager.registry.values():
-        if isinstance(magics, DistMagics) and magics.session is not None:
-            magics.session.stop()
+        if isinstance(magics, DistMagics):
+            magics.unroute_debugger()
+            if magics.session is not None:
+                magics.session.stop()
 
 
 def __getattr__(name: str) -> object:

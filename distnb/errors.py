@@ -3,6 +3,7 @@
     DistnbError
     ├── ConfigError (ValueError)     a bad argument; the message says the fix
     ├── SessionError                 no session, one already running, a cluster that failed to start
+    ├── DebuggerQuit                 raised on a rank whose debugger the user quit (`q`, Ctrl-C)
     └── RankError                    a cell failed on one or more ranks
         ├── RankTimeoutError         the cell ran past its timeout; carries the hang report
         ├── RankDiedError            a rank's process exited while running a cell
@@ -37,6 +38,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
     "ConfigError",
+    "DebuggerQuit",
     "DistnbError",
     "DistnbWarning",
     "NonFiniteError",
@@ -64,6 +66,11 @@ class ConfigError(DistnbError, ValueError):
 
 class SessionError(DistnbError):
     """The session cannot do what was asked in its current state."""
+
+
+class DebuggerQuit(DistnbError):
+    """The user quit a rank's debugger (`q`, or an interrupt while its prompt was open): the
+    rank's cell ends here, and peers waiting for it at a collective are released."""
 
 
 class RankError(DistnbError):

@@ -16,6 +16,9 @@ Who writes what (values in brackets):
   the kernel (hang reports, the referee) and by the rank's peers (deadlocks).
 - `check/abort/<run id>` [the reason, text]: the kernel, to release ranks waiting at a
   collective that a peer will never reach in that run.
+- `debug/count` [a counter], `debug/ask/<n>` [`InputRequest` JSON], `debug/answer/<n>` [text]: a
+  rank that wants a line from the user (its debugger's prompt, `input()`) counts up, posts its
+  request under the number it got and waits for the answer; the kernel asks the user.
 - `check/host/<rank>` [text]: a rank's host identity, so ranks on one host use shared memory.
 - `check/fp/...`, `check/big/...` [stamped fingerprints]: fingerprint slots of groups that span
   hosts and of fingerprints too big for shared memory (`board`, `spill`, `slot`).
@@ -24,8 +27,11 @@ Who writes what (values in brackets):
 from __future__ import annotations
 
 __all__ = [
+    "ASK_COUNT",
     "RUN",
     "abort",
+    "answer",
+    "ask",
     "beacon",
     "board",
     "decode_run",
@@ -42,19 +48,30 @@ __all__ = [
 _PG = "pg"
 RUN = "cell"
 _CHECK = "check"
+_DEBUG = "debug"
+ASK_COUNT = f"{_DEBUG}/count"
 
 
-def encode_run(cell: int, run_id: int, check: bool) -> str:
+def encode_run(cell: int, run_id: int, check: bool, stdin: bool = True) -> str:
     """The value of `RUN`: the cell's number as the notebook shows it, the **run id** (unique
-    within the session: one notebook cell may run several times through the Python API), and
-    whether the checked runtime is on for it."""
-    return f"{cell} {run_id} {int(check)}"
+    within the session: one notebook cell may run several times through the Python API), whether
+    the checked runtime is on for it, and whether the kernel can ask the user for input (no
+    frontend stdin: nbconvert, papermill, `allow_stdin=False`)."""
+    return f"{cell} {run_id} {int(check)} {int(stdin)}"
 
 
-def decode_run(value: bytes | str) -> tuple[int, int, bool]:
+def decode_run(value: bytes | str) -> tuple[int, int, bool, bool]:
     text = value.decode() if isinstance(value, bytes) else value
-    cell, run_id, check = text.split()
-    return int(cell), int(run_id), check == "1"
+    cell, run_id, check, stdin = text.split()
+    return int(cell), int(run_id), check == "1", stdin == "1"
+
+
+def ask(n: int) -> str:
+    return f"{_DEBUG}/ask/{n}"
+
+
+def answer(n: int) -> str:
+    return f"{_DEBUG}/answer/{n}"
 
 
 def stack_request(rank: int, n: int) -> str:

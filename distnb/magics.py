@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -11,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import distnb
-from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
+from distnb.errors import CollectiveMismatchError, ConfigError, RankError, SessionError
 from distnb.session import Session
 from distnb.session.automode import AutoMode
 from distnb.session.data import parse_size
@@ -27,6 +28,7 @@ class DistMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.session: Session | None = None
+        self.pdb = False  # %dist_pdb: kept here so that it holds for sessions started later
 
     @magic_arguments()
     @argument("-n", type=str, default=None, help="number of ranks (default: one per GPU, else 2)")
@@ -57,6 +59,7 @@ class DistMagics(Magics):
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+        self.session.pdb = self.pdb
         return self.session.status()
 
     @line_magic
@@ -69,8 +72,74 @@ class DistMagics(Magics):
     @line_magic
     def dist_stop(self, line: str) -> None:
         """Stop the ranks and the controller."""
+        if self.session is None or not self.session.running:
+            print("distnb: no cluster was running")
+            return
+        ranks, processes = len(self.session.ranks), len(self.session.pids())
+        self.session.stop()
+        print(
+            f"distnb: stopped {ranks} ranks and the controller ({processes} processes); "
+            "nothing is left running. %dist_start starts a new cluster."
+        )
+
+    @magic_arguments()
+    @argument("rank", nargs="?", type=str, default=None, help="the rank (default: first failed)")
+    @line_magic
+    def dist_debug(self, line: str) -> None:
+        """Post-mortem: `%dist_debug [RANK]` opens the debugger where the last cell failed on
+        RANK (default: the first rank that failed), with that frame's locals."""
+        args = _parse(self.dist_debug, line)
+        session = self._running()
+        if args.rank is not None and not args.rank.isdigit():
+            raise UsageError(f"RANK is a rank's number, not {args.rank!r}: e.g. %dist_debug 1")
+        try:
+            session.debug(int(args.rank) if args.rank is not None else None)
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("state", nargs="?", choices=["on", "off"], help="on or off (default: switch)")
+    @line_magic
+    def dist_pdb(self, line: str) -> None:
+        """`%dist_pdb on|off`: open the debugger on the first failing rank whenever an
+        %%allranks cell or %dist_run fails, as IPython's %pdb does for the kernel."""
+        args = _parse(self.dist_pdb, line)
+        self.pdb = args.state == "on" if args.state else not self.pdb
         if self.session is not None:
-            self.session.stop()
+            self.session.pdb = self.pdb
+        print(f"distnb: automatic post-mortem on ranks is {'on' if self.pdb else 'off'}")
+
+    def route_debugger(self) -> None:
+        """Make `%debug` and `%pdb on` open the failed rank after a `RankError` (IPython's own
+        debugger would open distnb's frames in the kernel); other errors keep IPython's."""
+        assert self.shell is not None
+        shell = self.shell
+        if getattr(shell.debugger, "_distnb", False):
+            return
+        original = shell.debugger
+
+        def debugger(force: bool = False) -> None:
+            error = getattr(sys, "last_value", None)
+            session = self.session
+            if not (force or shell.call_pdb) or not isinstance(error, RankError):
+                original(force)
+            elif session is not None and session.debugs(error):
+                session.debug()
+            else:
+                print(
+                    "distnb: the ranks no longer hold that error's traceback (they ran another "
+                    "cell, or the cluster stopped); %dist_debug opens the last failed run's"
+                )
+
+        debugger._distnb = True  # type: ignore[attr-defined]
+        debugger.original = original  # type: ignore[attr-defined]
+        shell.debugger = debugger  # type: ignore[method-assign]
+
+    def unroute_debugger(self) -> None:
+        assert self.shell is not None
+        original = getattr(self.shell.debugger, "original", None)
+        if original is not None:
+            self.shell.debugger = original  # type: ignore[method-assign]
 
     @line_magic
     def dist_restart(self, line: str) -> Any:

@@ -35,7 +35,13 @@ __all__ = ["Engine", "EngineStream", "main", "torch"]
 
 
 class EngineStream(OutStream):
-    """ipykernel's stream for `sys.stdout`/`sys.stderr`, echoing every line to the log file."""
+    """ipykernel's stream for `sys.stdout`/`sys.stderr`, echoing every line to the log file.
+
+    `written` counts the characters written so far: a rank that asks the user for input says
+    how many it had written, so the kernel shows them all before the prompt.
+    """
+
+    written = 0
 
     def __init__(self, session: Any, pub_thread: Any, name: str, **kwargs: Any) -> None:
         fd = 1 if name == "stdout" else 2
@@ -48,6 +54,11 @@ class EngineStream(OutStream):
         super().__init__(  # type: ignore[no-untyped-call]
             session, pub_thread, name, echo=echo, watchfd=watch, **kwargs
         )
+
+    def write(self, string: str) -> int:
+        n = super().write(string)
+        self.written += len(string)
+        return n or 0
 
 
 class Engine(IPEngine):  # type: ignore[misc]

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from distnb import keys
-from distnb.rank import checked
+from distnb.rank import checked, debug
 from distnb.rank.torchrun import device_plan, environment
 from distnb.rank.world import World
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
@@ -249,6 +249,8 @@ def _bind_shell(spec: RankSpec, device: torch.device) -> None:
     _shell.events.register("pre_run_cell", _pre_run_cell)
     _shell.events.register("post_run_cell", _post_run_cell)
     _keep_requests_after_errors(getattr(_shell, "kernel", None))
+    assert _runtime is not None
+    debug.install(_runtime.store, spec.rank, cell_of_file, _shell)
 
 
 def _keep_requests_after_errors(kernel: Any) -> None:
@@ -273,6 +275,7 @@ def _keep_requests_after_errors(kernel: Any) -> None:
 
 
 def _unbind_shell() -> None:
+    debug.uninstall()
     if _shell is not None:
         for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
             with suppress(ValueError):
@@ -285,17 +288,19 @@ def _pre_run_cell(info: Any) -> None:
         return
     _runtime.world.restore()  # in case making it again failed at the end of the last cell
     # The session sets RUN before it makes ranks, so this get never waits.
-    cell, run_id, check = keys.decode_run(_runtime.store.get(keys.RUN))
+    cell, run_id, check, stdin = keys.decode_run(_runtime.store.get(keys.RUN))
     # IPython has already taken this cell's number (and counted on by one) when this hook
     # runs; it compiles the cell right after, under the number taken.
     _shell.compile._filename_map.renumber[_shell.execution_count - 1] = cell
     checked.begin_run(run_id, cell_of_file)
+    debug.begin_run(run_id, stdin)
     if not check:  # %%allranks --unchecked: this cell only, on every rank alike
         _cell_unchecked.append(checked.unchecked())
         _cell_unchecked[-1].__enter__()
 
 
 def _post_run_cell(result: Any) -> None:
+    debug.end_run(result.error_in_exec)
     while _cell_unchecked:
         _cell_unchecked.pop().__exit__(None, None, None)
     if _runtime is not None:

@@ -22,6 +22,7 @@ class BeaconState(str, Enum):
     WAITING = "waiting"  # blocked at a checked call, for `waiting_for`
     RUNNING = "running"  # the long wait ended; the rank runs on
     DEADLOCK = "deadlock"  # this rank found that it and `blocked` wait for each other
+    STOPPED = "stopped"  # in the debugger (or `input()`) at `site`, waiting for the user
 
 
 class WaitKind(str, Enum):
@@ -60,7 +61,9 @@ class Beacon(Record):
         return self.state is BeaconState.WAITING
 
     def where(self) -> str:
-        """`all_reduce #3 on WORLD (cell In[3] line 2)`."""
+        """`all_reduce #3 on WORLD (cell In[3] line 2)`; `the debugger at cell In[3] line 2`."""
+        if self.state is BeaconState.STOPPED:
+            return f"the debugger at {self.site}" if self.site is not None else "the debugger"
         origin = f" [{self.origin}]" if self.origin else ""
         site = f" ({self.site})" if self.site is not None else ""
         return f"{self.op} #{self.seq} on {self.group}{origin}{site}"

@@ -49,6 +49,8 @@ class Session:
         self._control: ControlPlane | None = None
         self._broken = ""
         self._runs = 0  # runs so far: the last one's run id
+        self.pdb = False  # open the debugger on the first failing rank when a run fails
+        self._failed: RankError | None = None  # the last run's error, while ranks keep it
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -159,12 +161,12 @@ class Session:
     # --- cells ---------------------------------------------------------------------------
 
     def status(self) -> Status:
-        """One row per rank (rank, host, pid, device, backend, memory, threads, CUDA memory,
-        state), each rank's distributed environment, and what is wrong if anything.
+        """One row per rank (rank, host, pid, device, backend, memory, torch's intra-op threads,
+        CUDA memory, state), each rank's distributed environment, and what is wrong if anything.
 
         >>> s.status()
-        rank  host  pid    device  backend  memory (peak)          threads  state
-        0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1        alive
+        rank  host  pid    device  backend  memory (peak)          intra-op threads  state
+        0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1                 alive
         """
         if not self.running:
             return Status((), "distnb: no cluster running; start one with %dist_start")
@@ -260,13 +262,51 @@ class Session:
 
     def _execute(self, request: CellRequest) -> CellResult:
         """Run a cell or a script; its ranks' failures raised as one error."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         assert self._cluster is not None and self._control is not None
         cluster, control = self._cluster, self._control
         run = CellRun(cluster, control, request, self.referee, self._on_death, self.oom)
+        self._failed = None
         result = run.start().wait()
         if result.failures:
-            raise self._cell_error(request.where, result)
+            error = self._cell_error(request.where, result)
+            self._failed = error
+            if self.pdb and failing.debuggable(error.failures):
+                print(f"distnb: {error.message.splitlines()[0]}", flush=True)
+                self.debug()
+            raise error
         return result
+
+    def debug(self, rank: int | None = None) -> None:
+        """Open the debugger at the failing frame of `rank` (default: the first rank that failed)
+        in the last run, with that frame's locals; the rank keeps its traceback until its next
+        cell. `%dist_debug [RANK]`; `session.pdb = True` (`%dist_pdb on`) does it on every failure.
+
+        >>> s.run("x = torch.ones(2) / 0 if rank == 1 else None\nassert rank != 1")
+        RankError: ...
+        >>> s.debug()          # (Pdb) p x, ...
+        """
+        from distnb.session.debug import post_mortem_request
+
+        self._require_running(notice=True)
+        request = post_mortem_request(self._failed, rank, self.ranks, self._cell_number())
+        self._runs += 1
+        assert self._cluster is not None and self._control is not None
+        run = CellRun(
+            self._cluster,
+            self._control,
+            replace(request, run_id=self._runs),
+            self.referee,
+            self._on_death,
+            self.oom,
+        )
+        result = run.start().wait()
+        if result.failures:
+            raise failing.cell_error(request.where, result.failures)
+
+    def debugs(self, error: BaseException | None) -> bool:
+        """Whether `debug()` can open `error`'s ranks (it is the last run's, and it failed)."""
+        return error is not None and error is self._failed and self.running
 
     def _cell_error(self, where: str, result: CellResult) -> RankError:
         """The run's one exception, with what can only be learnt now that every rank is idle:

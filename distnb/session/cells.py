@@ -17,10 +17,11 @@ from typing import Any
 
 from distnb import errors
 from distnb.ranklist import format_ranks
-from distnb.records.beacon import Beacon
+from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
+from distnb.session.debug import Desk, frontend_stdin
 from distnb.session.failures import error_of, is_engine_death, stuck_message, to_failure
 from distnb.session.oom import OomWatch, ended_text
 from distnb.session.watch import (
@@ -139,12 +140,14 @@ class CellRun:
         self._wake = threading.Event()
         self.results: dict[int, Any] = {}
         self.output: CellOutput | None = None
+        self.desk = Desk(control, request.run_id)
+        self.paused_s = 0.0  # time spent with the user at ranks' prompts: not the cell's
 
     def start(self) -> CellRun:
         req = self.request
         self._watch()  # a process that died since the last cell
         self.cluster.mark_logs(t.pid for t in self.targets)
-        self.control.begin_run(req.cell, req.run_id, req.check)
+        self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin())
         for info in self.targets:
             ar = self.cluster.view(info.engine_id).execute(req.code, silent=False, block=False)
             ar.add_done_callback(lambda _f: self._wake.set())
@@ -153,6 +156,7 @@ class CellRun:
         return self
 
     def wait(self) -> CellResult:
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         assert self.output is not None, "start() the run first"
         timeout = self.request.timeout
         start = time.monotonic()
@@ -164,6 +168,10 @@ class CellRun:
                 self._wake.clear()
                 if self.output.live:
                     self.output.update(self._outputs())
+                paused = self.desk.serve(self)
+                if paused:  # the cell's clock stops while the user answers a rank's prompt
+                    self.paused_s += paused
+                    deadline = deadline + paused if deadline is not None else None
                 states, failures = self._states()
                 if RankState.DIED in states.values():
                     self._settle_after_death()
@@ -174,13 +182,15 @@ class CellRun:
                 if time.monotonic() - start >= REFEREE_AFTER_S:
                     self.referee.tick(self.request, states, failures)
                 if deadline is not None and time.monotonic() >= deadline:
-                    self._raise_timeout(time.monotonic() - start)
+                    self._raise_timeout(time.monotonic() - start - self.paused_s)
         except KeyboardInterrupt:
-            stuck = self._interrupt(self._running())
+            running = self._running()
+            where = self._where_running(running)
+            stuck = self._interrupt(running)
             self.output.finish(self._outputs())
             if stuck:
                 print(stuck_message(t.rank for t in stuck), file=sys.stderr)
-            raise
+            raise KeyboardInterrupt(where) from None
         for ar in self.results.values():
             # iopub output may trail the reply: wait for the engine's idle status
             ar.wait_for_output(timeout=OUTPUT_WAIT_S)
@@ -191,6 +201,46 @@ class CellRun:
         return CellResult(self.request.cell, self.request.run_id, tuple(outputs), ended)
 
     # --- state ---------------------------------------------------------------------------
+
+    def states(self) -> dict[int, RankState]:
+        return self._states()[0]
+
+    def written(self, rank: int) -> tuple[int, int]:
+        """How many characters of the rank's stdout and stderr the kernel has received."""
+        md = _live_metadata(self.results[rank])
+        return len(md["stdout"]), len(md["stderr"])
+
+    def show_output(self) -> None:
+        """Show what every rank printed so far (before a prompt)."""
+        assert self.output is not None
+        self.output.progress(self._outputs())
+
+    def beacon_words(self) -> dict[int, str]:
+        """What each running rank's beacon says it waits at (or that it is stopped in the
+        debugger), for this run."""
+        words = {}
+        for b in self.control.beacons([t.rank for t in self._running()]):
+            if b.run_id != self.request.run_id:
+                continue
+            if b.waiting:
+                words[b.rank] = f"waiting at {b.where()} for {format_ranks(b.waiting_for)}"
+            elif b.state is BeaconState.STOPPED:
+                words[b.rank] = f"stopped in {b.where()}"
+        return words
+
+    def _where_running(self, running: list[RankInfo]) -> str:
+        """`interrupted: rank 0 at cell In[3] line 5, rank 1 waiting at ...`: where each rank
+        still running was when the user interrupted the cell."""
+        if not running:
+            return "interrupted"
+        ranks = [t.rank for t in running]
+        waits = self.beacon_words()
+        stacks = self.control.stacks([r for r in ranks if r not in waits], timeout=0.5)
+        parts = []
+        for rank in ranks:
+            where = waits.get(rank) or stacks.get(rank, "").split("\n", 1)[0] or "running"
+            parts.append(f"rank {rank} {where}")
+        return f"{self.request.where} interrupted: " + "; ".join(parts)
 
     def _all_done(self) -> bool:
         return all(ar.done() for ar in self.results.values())
@@ -306,11 +356,7 @@ class CellRun:
         # A stopped process (SIGSTOP, a debugger) answers nothing: no stack to wait for.
         stopped = [t for t in running if self.cluster.stopped(t.pid)]
         stacks = self.control.stacks([t.rank for t in running if t not in stopped])
-        waits = {
-            b.rank: f"waiting at {b.where()} for {format_ranks(b.waiting_for)}"
-            for b in self.control.beacons([t.rank for t in running])
-            if b.waiting and b.run_id == self.request.run_id
-        }
+        waits = self.beacon_words()
         reports = []
         for info in self.targets:
             ar = self.results[info.rank]

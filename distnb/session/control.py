@@ -15,6 +15,7 @@ from typing import Any
 
 from distnb import keys
 from distnb.records.beacon import Beacon
+from distnb.records.debug import InputRequest
 
 
 class ControlPlane:
@@ -31,11 +32,29 @@ class ControlPlane:
         self.port: int = self._server.port
         self.store: Any = dist.PrefixStore(self.session_id, self._server)
         self._stack_requests: dict[int, int] = {}
+        self._asks_seen = 0
         self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
 
-    def begin_run(self, cell: int, run_id: int, check: bool) -> None:
-        """Tell the ranks what their next cell is: its number, run id and whether it is checked."""
-        self.store.set(keys.RUN, keys.encode_run(cell, run_id, check))
+    def begin_run(self, cell: int, run_id: int, check: bool, stdin: bool = True) -> None:
+        """Tell the ranks what their next cell is: its number, run id, whether it is checked and
+        whether the user can be asked for input."""
+        self.store.set(keys.RUN, keys.encode_run(cell, run_id, check, stdin))
+
+    def asks(self) -> list[InputRequest]:
+        """Ranks' requests for a line from the user posted since the last call (one counter read
+        when there are none)."""
+        count = int(self.store.add(keys.ASK_COUNT, 0))
+        found = []
+        while self._asks_seen < count:
+            self._asks_seen += 1
+            key = keys.ask(self._asks_seen)
+            found.append(InputRequest.from_json(self.store.get(key)))
+            self.store.delete_key(key)
+        return found
+
+    def answer(self, n: int, line: str) -> None:
+        """Answer request `n` with the line the user typed (or `QUIT`, `SKIP`)."""
+        self.store.set(keys.answer(n), line)
 
     def abort(self, run_id: int, reason: str) -> None:
         """Release every rank waiting at a checked collective in run `run_id`, with `reason`."""

@@ -20,6 +20,7 @@ __all__ = [
     "CHECKED_ERRORS",
     "call_error",
     "cell_error",
+    "debuggable",
     "error_of",
     "exit_text",
     "is_engine_death",
@@ -85,6 +86,15 @@ def cell_error(
     if more > 0:
         summary += f"; ... {more} more"
     return errors.RankError(f"{where} failed on {summary}", failures)
+
+
+def debuggable(failures: Iterable[RankFailure]) -> list[int]:
+    """The ranks whose failure a debugger can open, the cause first: ranks that raised an error
+    of their own, then those released by the checked runtime because of it; a dead rank has no
+    traceback left."""
+    alive = [f for f in failures if f.ename != "RankDied"]
+    own = sorted(f.rank for f in alive if f.ename != "CollectiveDesyncError")
+    return own + sorted(f.rank for f in alive if f.rank not in own)
 
 
 def call_error(name: str, failures: Sequence[RankFailure]) -> errors.RankError:

@@ -58,6 +58,7 @@ class CellOutput:
         self.live = in_kernel()
         self._handles: dict[int, Any] = {}
         self._shown: dict[int, str] = {}
+        self._printed: dict[int, tuple[int, int]] = {}  # without a kernel: what was printed
         if self.live:
             from IPython.display import display
 
@@ -76,16 +77,36 @@ class CellOutput:
                 self._shown[out.rank] = text
                 self._handles[out.rank].update(_Text(text))
 
+    def progress(self, outputs: Sequence[RankOutput]) -> None:
+        """Show what each rank printed so far, now (before a prompt): updated areas in a kernel;
+        elsewhere, what was not printed yet, labelled (`finish` prints only the rest)."""
+        if self.live:
+            self.update(outputs)
+            return
+        for out in outputs:
+            done_out, done_err = self._printed.get(out.rank, (0, 0))
+            label = f"rank {out.rank}"
+            sys.stdout.write(label_lines(label, out.stdout[done_out:]))
+            sys.stderr.write(label_lines(label, out.stderr[done_err:]))
+            self._printed[out.rank] = (len(out.stdout), len(out.stderr))
+        sys.stdout.flush()
+        sys.stderr.flush()
+
     def finish(self, outputs: Sequence[RankOutput]) -> None:
         """Final output: identical text collapsed, then rich outputs in rank order."""
         if self.live:
             self._finish_live(outputs)
         else:
+            outputs = [self._unprinted(out) for out in outputs]
             sys.stdout.write(render_text(outputs, "stdout"))
             sys.stdout.flush()
             sys.stderr.write(render_text(outputs, "stderr"))
             sys.stderr.flush()
         _publish_displays(outputs)
+
+    def _unprinted(self, out: RankOutput) -> RankOutput:
+        done_out, done_err = self._printed.get(out.rank, (0, 0))
+        return RankOutput(out.rank, out.stdout[done_out:], out.stderr[done_err:], out.displays)
 
     def _finish_live(self, outputs: Sequence[RankOutput]) -> None:
         text = render_text(outputs, "stdout") + render_text(outputs, "stderr")

@@ -1,0 +1,122 @@
+"""A real Jupyter kernel driven as a frontend drives it, answering its input requests.
+
+nbclient cannot answer `input_request`s; `Frontend.run` can: it sends a cell with
+`allow_stdin=True`, reads iopub and the stdin channel together, and answers each prompt from a
+script of answers (or a function of the prompt), as a user types into the input box.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+Answer = str | Callable[[str], str | None]  # None from a function: interrupt the kernel
+
+
+@dataclass
+class Reply:
+    """What one cell did: status, every prompt it asked (in order), its text output."""
+
+    status: str
+    prompts: list[str] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    content: dict[str, Any] = field(default_factory=dict)
+    shown: dict[str, str] = field(default_factory=dict)  # live display areas, by display id
+
+    @property
+    def text(self) -> str:
+        """Streams, display areas (their last content), results and errors, in order."""
+        parts = []
+        for out in self.outputs:
+            if out["type"] == "stream":
+                parts.append(out["text"])
+            elif out["type"] == "error":
+                parts.append("\n".join(out["traceback"]))
+            elif "data" in out and not out.get("transient", {}).get("display_id"):
+                parts.append(out["data"].get("text/plain", ""))
+        parts.extend(self.shown.values())
+        return ANSI.sub("", "\n".join(parts))
+
+
+class Frontend:
+    """One kernel and its client (`with frontend() as fe:`)."""
+
+    def __init__(self, km: Any, kc: Any) -> None:
+        self.km, self.kc = km, kc
+
+    def run(
+        self,
+        code: str,
+        answers: Sequence[Answer] = (),
+        allow_stdin: bool = True,
+        timeout: float = 120,
+    ) -> Reply:
+        """Run `code`; answer its prompts with `answers` in order (a function gets the prompt and
+        returns the line, or None to interrupt the kernel instead)."""
+        msg_id = self.kc.execute(code, allow_stdin=allow_stdin)
+        reply = Reply("")
+        pending = list(answers)
+        deadline = time.monotonic() + timeout
+        idle = False
+        while not idle:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no reply in {timeout} s: {reply.prompts}\n{reply.text}")
+            try:
+                request = self.kc.get_stdin_msg(timeout=0.01)
+            except queue.Empty:
+                request = None
+            if request is not None:
+                prompt = request["content"]["prompt"]
+                reply.prompts.append(prompt)
+                if not pending:
+                    raise AssertionError(f"unexpected prompt {prompt!r}\n{reply.text}")
+                answer = pending.pop(0)
+                line = answer(prompt) if callable(answer) else answer
+                if line is None:
+                    self.km.interrupt_kernel()
+                else:
+                    self.kc.input(line)
+            idle = self._drain(msg_id, reply)
+        reply.content = self.kc.get_shell_msg(timeout=timeout)["content"]
+        reply.status = reply.content["status"]
+        if pending:
+            raise AssertionError(f"{len(pending)} answers left: {reply.prompts}\n{reply.text}")
+        return reply
+
+    def _drain(self, msg_id: str, reply: Reply) -> bool:
+        """Read the iopub messages there are; True once the cell's kernel is idle."""
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.01)
+            except queue.Empty:
+                return False
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                return True
+            display_id = content.get("transient", {}).get("display_id")
+            if kind in ("display_data", "update_display_data") and display_id:
+                reply.shown[display_id] = content["data"].get("text/plain", "")
+            if kind in ("stream", "display_data", "execute_result", "error"):
+                reply.outputs.append({"type": kind, **content})
+
+
+@contextmanager
+def frontend() -> Iterator[Frontend]:
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        yield Frontend(km, kc)
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
