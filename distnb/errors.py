@@ -72,6 +72,10 @@ class DebuggerQuit(DistnbError):
     """The user quit a rank's debugger (`q`, or an interrupt while its prompt was open): the
     rank's cell ends here, and peers waiting for it at a collective are released."""
 
+    def _render_traceback_(self) -> list[str]:
+        # The message says where the rank was; the only frame left is the debugger's own.
+        return [f"{type(self).__name__}: {self}"]
+
 
 class RankError(DistnbError):
     """A cell failed on one or more ranks.

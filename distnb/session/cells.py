@@ -168,7 +168,8 @@ class CellRun:
                 self._wake.clear()
                 if self.output.live:
                     self.output.update(self._outputs())
-                paused = self.desk.serve(self)
+                # a rank that waits for an answer is not done: nothing to serve once all are
+                paused = self.desk.serve(self) if not self._all_done() else 0.0
                 if paused:  # the cell's clock stops while the user answers a rank's prompt
                     self.paused_s += paused
                     deadline = deadline + paused if deadline is not None else None

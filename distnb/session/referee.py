@@ -10,6 +10,7 @@ instead of hanging until the process group's timeout.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -73,10 +74,7 @@ class DesyncReferee(Referee):
             self._look_for_cycle(run_id, beacons)
             return
         blamed = {r for b in waiters for r in b.waiting_for if r in done}
-        words = {
-            r: DONE_WORDS[done[r]].format(error=failures.get(r, "an error"), noun=request.noun)
-            for r in blamed
-        }
+        words = {r: _done_words(done[r], failures.get(r, "an error"), request.noun) for r in blamed}
         self.control.abort(run_id, desync_reason(words, waiters))
         self._released.add(run_id)
         self.waiters[run_id] = waiters
@@ -120,6 +118,14 @@ def skipped_call(events: Sequence[CollectiveEvent], waiting: Sequence[Beacon] = 
         sites = ", ".join(f"rank {r} at {site}" for r, (_, site) in sorted(calls.items()))
         return f"the ranks' collectives stop lining up at #{seq} on {group}: {sites}"
     return ""
+
+
+def _done_words(state: RankState, error: str, noun: str) -> str:
+    """`finished the cell`, `raised ValueError: ...`, `quit the debugger at cell In[3] line 2`."""
+    quit_words = re.match(r"DebuggerQuit: rank \d+ (quit the debugger.*)", error)
+    if quit_words is not None:
+        return quit_words.group(1)
+    return DONE_WORDS[state].format(error=error, noun=noun)
 
 
 def _waits_in(beacon: Beacon, run_id: int, done: Mapping[int, RankState]) -> bool:

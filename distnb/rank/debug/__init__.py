@@ -65,6 +65,11 @@ class Pdb(RankPdb):
         assert _state is not None, "distnb's debugger is installed on ranks only"
         super().__init__(_state.asker, _state.cell_of)
 
+    def set_trace(self, frame: FrameType | None = None) -> None:
+        frame = frame or sys._getframe(1)
+        if not _skipped(frame):
+            super().set_trace(frame)
+
 
 def install(store: Any, rank: int, cell_of: CellOf, shell: Any = None) -> None:
     """Route this rank's debuggers and `input()` to the kernel's user (see the docstring)."""
@@ -127,13 +132,10 @@ def ask_input(prompt: str = "") -> str:
 
 def set_trace(frame: FrameType | None = None, *, header: str | None = None) -> None:
     """`pdb.set_trace()` on a rank: stop at the caller's next line."""
-    frame = frame or sys._getframe(1)
-    if _skipped(frame):
-        return
     debugger = Pdb()
     if header is not None:
         debugger.message(header)
-    debugger.set_trace(frame)
+    debugger.set_trace(frame or sys._getframe(1))
 
 
 def breakpointhook(*args: Any, **kwargs: Any) -> None:

@@ -21,6 +21,8 @@ import builtins
 import code
 import linecache
 import pdb
+import re
+import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +45,9 @@ _LIBRARIES = (
     "<frozen",
 )
 
+
+# A file path, and the line after it if any, as pdb's messages write them.
+_PATH = re.compile(r"(/[^\s:()]+\.py)(?::(\d+))?")
 
 # Modules stepping never stops in: distnb's and those that run cells on the engine.
 SKIP = ["distnb.*", "IPython.*", "ipykernel.*", "ipyparallel.*"]
@@ -94,6 +99,20 @@ class RankPdb(pdb.Pdb):
         stack, index = super().get_stack(f, t)
         return user_stack(stack, index, self.cell_of)
 
+    def message(self, msg: str) -> None:
+        super().message(_PATH.sub(self._cell_path, msg))
+
+    def error(self, msg: str) -> None:
+        super().error(_PATH.sub(self._cell_path, msg))
+
+    def _cell_path(self, match: re.Match[str]) -> str:
+        """`/tmp/ipykernel_1/2.py:3` (as `b` reports a breakpoint) -> `cell In[5] line 3`."""
+        cell = self.cell_of(match.group(1))
+        if cell is None:
+            return match.group(0)
+        line = f" line {match.group(2)}" if match.group(2) else ""
+        return f"cell In[{cell}]{line}"
+
     def format_stack_entry(self, frame_lineno: tuple[FrameType, int], lprefix: str = ": ") -> str:
         frame, lineno = frame_lineno
         text: str = super().format_stack_entry(frame_lineno, lprefix)
@@ -129,7 +148,12 @@ class RankPdb(pdb.Pdb):
         local) names found in the current scope; exit() returns to the debugger."""
         assert self.curframe is not None
         names = {**self.curframe.f_globals, **self.curframe.f_locals}
-        _Console(names).interact("*interactive* (exit() returns to the debugger)", exitmsg="")
+        prompts = getattr(sys, "ps1", None), getattr(sys, "ps2", None)
+        sys.ps1, sys.ps2 = ">>> ", "... "  # the engine's are IPython's
+        try:
+            _Console(names).interact("*interactive* (exit() returns to the debugger)", exitmsg="")
+        finally:
+            sys.ps1, sys.ps2 = prompts
 
     # --- quitting -------------------------------------------------------------------------
 
