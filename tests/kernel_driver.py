@@ -32,16 +32,18 @@ class Reply:
 
     @property
     def text(self) -> str:
-        """Streams, display areas (their last content), results and errors, in order."""
+        """Everything shown, in the order a notebook shows it: streams, display areas (with
+        their last content, where they were created), results and errors."""
         parts = []
         for out in self.outputs:
             if out["type"] == "stream":
                 parts.append(out["text"])
             elif out["type"] == "error":
                 parts.append("\n".join(out["traceback"]))
-            elif "data" in out and not out.get("transient", {}).get("display_id"):
+            elif out["type"] == "area":
+                parts.append(self.shown[out["id"]])
+            elif "data" in out:
                 parts.append(out["data"].get("text/plain", ""))
-        parts.extend(self.shown.values())
         return ANSI.sub("", "\n".join(parts))
 
 
@@ -104,16 +106,18 @@ class Frontend:
                 return True
             display_id = content.get("transient", {}).get("display_id")
             if kind in ("display_data", "update_display_data") and display_id:
+                if display_id not in reply.shown:
+                    reply.outputs.append({"type": "area", "id": display_id})
                 reply.shown[display_id] = content["data"].get("text/plain", "")
-            if kind in ("stream", "display_data", "execute_result", "error"):
+            elif kind in ("stream", "display_data", "execute_result", "error"):
                 reply.outputs.append({"type": kind, **content})
 
 
 @contextmanager
-def frontend() -> Iterator[Frontend]:
+def frontend(cwd: str | None = None) -> Iterator[Frontend]:
     from jupyter_client.manager import start_new_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
     try:
         yield Frontend(km, kc)
     finally:

@@ -1,8 +1,10 @@
 """Every notebook in notebooks/, run top to bottom in a real Jupyter kernel.
 
-Each notebook runs through nbclient in a fresh "python3" kernel (this environment's Python). Only
-cells tagged `raises-exception` may raise, and each of them must. `CHECKS` says what each
-notebook's key cells show; a new notebook adds one line there. After the notebook, the kernel is
+Each notebook runs through nbclient in a fresh "python3" kernel (this environment's Python), or,
+when its cells ask for input (a debugger's prompt), through a frontend that types the answers in
+`ANSWERS` (nbclient cannot answer input requests). Only cells tagged `raises-exception` may
+raise, and each of them must. `CHECKS` says what each notebook's key cells show; a new notebook
+adds one line there. After the notebook, the kernel is
 shut down and every process it started (ranks, controller, nannies, `!` commands and theirs) must
 be gone.
 """
@@ -23,6 +25,7 @@ import psutil
 import pytest
 
 from tests.conftest import plain
+from tests.kernel_driver import frontend
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 RAISES = "raises-exception"
@@ -191,6 +194,34 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
         ("torchrun-fix", ("epoch 0: val loss ", "epoch 2: val loss ")),
         ("after", "[ranks 0-1] True [2.0, 2.0]"),
     ],
+    "08-step-into-a-rank.ipynb": [
+        ("nan", ("[rank 0] step 2: loss", "[rank 0] step 3: loss nan", "[rank 1] step 2: loss nan")),
+        (
+            "stop",
+            (
+                "[rank 1] > cell In[",
+                "-> loss.backward()",
+                "(2, tensor(nan",
+                "0.0000])",
+                "distnb: rank 1 stopped at cell In[",
+                "rank 0: waiting at all_reduce",
+                "rank 1: stopped in the debugger",
+                "rank 1 quit the debugger at cell In[",
+            ),
+        ),
+        ("fix", ("[rank 1] step 2: loss", "[rank 1] step 3: loss")),
+        ("crash", ("RankError", "failed on rank 1", "AssertionError: reading 5.0 out of range")),
+        ("post-mortem", ("[rank 1] AssertionError", "[rank 1] tensor(5.)", "[rank 1] 2")),
+    ],
+}
+
+
+# What a user types at the prompts of a notebook's cells, by cell id, as its text tells them to.
+ANSWERS: dict[str, dict[str, list[str]]] = {
+    "08-step-into-a-rank.ipynb": {
+        "stop": ["p step, loss", "p x.std(0)", "p x[:3]", "ranks", "q"],
+        "post-mortem": ["p peak", "u", "p step", "q"],
+    },
 }
 
 
@@ -233,6 +264,31 @@ def test_notebook_runs_in_a_kernel(
         "PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
     )
     nb = nbformat.read(path, as_version=4)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        if path.name in ANSWERS:
+            texts, raised = run_answering(nb, ANSWERS[path.name], tmp_path, seen)
+        else:
+            texts, raised = run_nbclient(nb, tmp_path, seen)
+    finally:  # even when a cell failed: nothing may outlive the kernel
+        left = still_running(seen.values(), EXIT_WAIT_S)
+        kill(left)
+    assert not left, f"still running after the kernel shut down: {describe(left)}"
+
+    for index, cell in enumerate(nb.cells):
+        if RAISES in cell.metadata.get("tags", []):
+            assert raised[index], f"cell {index} ({cell.get('id')}) is tagged {RAISES} but did not raise"
+    for selector, expected in checks:
+        text = "\n".join(texts[nb.cells.index(c)] for c in cells_matching(nb, selector))
+        assert_contains(text, expected, f"{path.name} cell {selector!r}")
+
+
+def run_nbclient(
+    nb: Any, tmp_path: Path, seen: dict[int, psutil.Process]
+) -> tuple[list[str], list[bool]]:
+    """Run every cell with nbclient; each cell's text and whether it raised."""
+    from nbclient import NotebookClient
+
     client = NotebookClient(
         nb,
         kernel_name="python3",
@@ -240,23 +296,29 @@ def test_notebook_runs_in_a_kernel(
         startup_timeout=60,
         resources={"metadata": {"path": str(tmp_path)}},
     )
-    seen: dict[int, psutil.Process] = {}
-    try:
-        with client.setup_kernel(), watch_descendants(client.km.provisioner.pid, seen):
-            for index, cell in enumerate(nb.cells):
-                client.execute_cell(cell, index)
-    finally:  # even when a cell failed: nothing may outlive the kernel
-        left = still_running(seen.values(), EXIT_WAIT_S)
-        kill(left)
-    assert not left, f"still running after the kernel shut down: {describe(left)}"
+    with client.setup_kernel(), watch_descendants(client.km.provisioner.pid, seen):
+        for index, cell in enumerate(nb.cells):
+            client.execute_cell(cell, index)
+    texts = [output_text(c) for c in nb.cells]
+    return texts, [any(o.output_type == "error" for o in c.get("outputs", [])) for c in nb.cells]
 
-    for index, cell in enumerate(nb.cells):
-        raised = any(o.output_type == "error" for o in cell.get("outputs", []))
-        if RAISES in cell.metadata.get("tags", []):
-            assert raised, f"cell {index} ({cell.get('id')}) is tagged {RAISES} but did not raise"
-    for selector, expected in checks:
-        text = "\n".join(output_text(c) for c in cells_matching(nb, selector))
-        assert_contains(text, expected, f"{path.name} cell {selector!r}")
+
+def run_answering(
+    nb: Any, answers: dict[str, list[str]], tmp_path: Path, seen: dict[int, psutil.Process]
+) -> tuple[list[str], list[bool]]:
+    """Run every cell through a frontend that types `answers` at the cells' prompts."""
+    texts, raised = [], []
+    with frontend(cwd=str(tmp_path)) as fe, watch_descendants(fe.km.provisioner.pid, seen):
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                texts.append("")
+                raised.append(False)
+                continue
+            reply = fe.run(cell.source, answers.get(cell.get("id"), []), timeout=CELL_TIMEOUT_S)
+            texts.append(reply.text)
+            raised.append(reply.status == "error")
+        fe.km.shutdown_kernel(now=False)
+    return texts, raised
 
 
 def cells_matching(nb: Any, selector: Selector) -> list[Any]:
