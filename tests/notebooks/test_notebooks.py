@@ -195,7 +195,10 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
         ("after", "[ranks 0-1] True [2.0, 2.0]"),
     ],
     "08-step-into-a-rank.ipynb": [
-        ("nan", ("[rank 0] step 2: loss", "[rank 0] step 3: loss nan", "[rank 1] step 2: loss nan")),
+        (
+            "nan",
+            ("[rank 0] step 2: loss", "[rank 0] step 3: loss nan", "[rank 1] step 2: loss nan"),
+        ),
         (
             "stop",
             (
@@ -255,7 +258,6 @@ def test_notebook_runs_in_a_kernel(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import nbformat
-    from nbclient import NotebookClient
 
     checks = CHECKS.get(path.name)
     assert checks is not None, f"add a line for {path.name} to CHECKS in {__file__}"
@@ -277,7 +279,8 @@ def test_notebook_runs_in_a_kernel(
 
     for index, cell in enumerate(nb.cells):
         if RAISES in cell.metadata.get("tags", []):
-            assert raised[index], f"cell {index} ({cell.get('id')}) is tagged {RAISES} but did not raise"
+            where = f"cell {index} ({cell.get('id')})"
+            assert raised[index], f"{where} is tagged {RAISES} but did not raise"
     for selector, expected in checks:
         text = "\n".join(texts[nb.cells.index(c)] for c in cells_matching(nb, selector))
         assert_contains(text, expected, f"{path.name} cell {selector!r}")

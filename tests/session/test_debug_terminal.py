@@ -40,9 +40,9 @@ def test_breakpoint_prompts_in_the_terminal(ipython: Any) -> None:
     ipython.sendline("%dist_start -n 2")
     ipython.expect(r"In \[3\]: ")
     # a cell magic at IPython's simple prompt ends with an empty line
-    for line in ["%%allranks", "x = rank + 40", "if rank == 1:", "    breakpoint()", "y = x + 1", ""]:
+    cell = ["%%allranks", "x = rank + 40", "if rank == 1:", "    breakpoint()", "y = x + 1"]
+    for line in [*cell, "", ""]:
         ipython.sendline(line)
-    ipython.sendline("")
     # what the rank printed before its prompt is on the screen, labelled, before the prompt
     ipython.expect(r"\[rank 1\] > cell In\[3\] line 5, in <module>\(\)")
     ipython.expect(r"\[rank 1\] \(Pdb\) ")
