@@ -8,7 +8,9 @@ runs *Run > Run All Cells* and waits until the last cell has run. Then it checks
   widget (not "Error displaying widget", not a model's repr) that answers when typed into;
 - 04-shapes-and-timelines.ipynb: the `%dist_timeline` and `%%allranks --timeline` widgets with
   their SVG drawing and straggler table, a collective picked from the list showing each rank's
-  arrival, and the exported trace next to the notebook.
+  arrival, and the exported trace next to the notebook;
+- 08-step-into-a-rank.ipynb: a rank's debugger prompt in JupyterLab's input box, labelled with
+  the rank, answered by typing into it as a user does.
 
 Screenshots go to artifacts/browser/, as does the server's log.
 
@@ -47,6 +49,7 @@ NOTEBOOKS = REPO / "notebooks"
 ARTIFACTS = REPO / "artifacts" / "browser"
 NOTEBOOK = "01-quickstart.ipynb"
 TIMELINES = "04-shapes-and-timelines.ipynb"
+DEBUGGER = "08-step-into-a-rank.ipynb"
 CHROMIUM = Path(os.environ.get("DISTNB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -223,6 +226,58 @@ def test_timelines_render_as_widgets_with_their_drawing(lab: Lab, page: Any) -> 
         page.screenshot(path=ARTIFACTS / "timelines-last-view.png")
 
 
+@pytest.mark.usefixtures("chromium")
+def test_a_ranks_debugger_prompts_in_the_input_box(lab: Lab, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    from tests.notebooks.test_notebooks import ANSWERS
+
+    expect.set_options(timeout=30_000)
+    index = cell_indices(DEBUGGER)
+    try:
+        run_all_cells(page, lab, DEBUGGER, wait=False)
+        for cell_id in ("stop", "post-mortem"):
+            area = cell(page, index[cell_id])
+            for n, answer in enumerate(ANSWERS[DEBUGGER][cell_id]):
+                field = open_prompt(page, area)
+                expect(area.locator(".jp-Stdin-prompt").last).to_have_text("[rank 1] (Pdb) ")
+                if n == 1:
+                    area.screenshot(path=ARTIFACTS / f"debugger-{cell_id}.png")
+                typed = re.compile(r"\[rank 1\] \(Pdb\)\s+" + re.escape(answer))
+                before = len(typed.findall(output_text(area)))
+                field.fill(answer)
+                field.press("Enter")
+                deadline = time.monotonic() + 30
+                while len(typed.findall(output_text(area))) == before:
+                    assert time.monotonic() < deadline, output_text(area)
+                    page.wait_for_timeout(50)
+        wait_until_last_cell_ran(page)
+        stopped = output_text(cell(page, index["stop"]))
+        assert_in_order(
+            stopped,
+            "[rank 1] > cell In[",
+            "-> loss.backward()",
+            "0.0000])",
+            "rank 1 quit the debugger",
+        )
+        assert "[rank 1] tensor(5.)" in output_text(cell(page, index["post-mortem"]))
+    finally:
+        page.screenshot(path=ARTIFACTS / "debugger-last-view.png")
+
+
+def open_prompt(page: Any, area: Any) -> Any:
+    """The input box of the prompt open in `area`. While an answer is taken and the rank's output
+    area redrawn, JupyterLab briefly shows the answered box beside the next one: wait until one
+    box has stood alone for a moment."""
+    fields = area.locator("input.jp-Stdin-input")
+    deadline, alone = time.monotonic() + RUN_ALL_S, 0
+    while alone < 3:
+        assert time.monotonic() < deadline, f"no prompt opened: {output_text(area)}"
+        alone = alone + 1 if fields.count() == 1 else 0
+        page.wait_for_timeout(100)
+    return fields.last
+
+
 # --- JupyterLab ---------------------------------------------------------------------------
 
 
@@ -324,13 +379,14 @@ LAST_PROMPT = (
 )
 
 
-def run_all_cells(page: Any, lab: Lab, name: str) -> None:
+def run_all_cells(page: Any, lab: Lab, name: str, wait: bool = True) -> None:
     """Open notebook `name`, run *Run > Run All Cells* and wait until its last cell has run."""
     page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}", timeout=60_000)
     wait_for_kernel_idle(page)
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-    wait_until_last_cell_ran(page)
+    if wait:
+        wait_until_last_cell_ran(page)
 
 
 def wait_for_kernel_idle(page: Any) -> None:
