@@ -104,6 +104,17 @@ def test_collect_waits_for_a_late_post(shm: ShmBoard, store: dist.Store, kind: s
     assert ticks and ticks[0] == [1]  # a 30 ms wait ticks (every 5 ms) with what is missing
 
 
+def test_a_wait_of_thousands_of_polls_keeps_polling(store: dist.Store) -> None:
+    """A peer seconds late on the store path (another host): the poll count grows past what
+    `2**attempt` can scale as a float; each poll still sleeps at most MAX_SLEEP_S."""
+    board = StoreBoard(store, "fp/late", 2)
+    board.block(1, 1, 10**9, attempt=5_000)  # raised OverflowError before
+    assert exchange.backoff_s(5_000, 10**9) == exchange.MAX_SLEEP_S
+    thread = _post_later(board, 1, 1, 1.5)  # about 1,500 polls of 1 ms
+    assert collect(board, [1], 1, lambda *_: None) == [b"F-late"]
+    thread.join()
+
+
 def test_a_board_polls_around_the_time_it_expects_the_next_post(
     shm: ShmBoard, store: dist.Store
 ) -> None:

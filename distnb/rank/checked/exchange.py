@@ -83,6 +83,12 @@ SHM_DIR = "/dev/shm"
 SPIN_NS = 250_000  # a ShmBoard polls from this long before the post it expects (see above)
 MIN_SLEEP_S = 50e-6  # polling without futexes: sleep, doubling up to MAX_SLEEP_S
 MAX_SLEEP_S = 1e-3
+
+
+def backoff_s(attempt: int, timeout_ns: int) -> float:
+    """The sleep before poll `attempt`: doubling from MIN_SLEEP_S up to MAX_SLEEP_S (the exponent
+    is capped: a wait of thousands of polls must not overflow a float)."""
+    return min(timeout_ns / 1e9, MIN_SLEEP_S * 2 ** min(attempt, 32), MAX_SLEEP_S)
 TICK_NS = 5_000_000  # call `tick` this often while waiting
 
 # Slot layout: head stamp u64 | tail stamp u64 | payload length u32 | crc32 u32 | payload.
@@ -221,7 +227,7 @@ class ShmBoard:
         if self.address:
             futex.wait(self.address + _BELL_SPACING * ring, bell, timeout_ns)
         else:
-            time.sleep(min(timeout_ns / 1e9, MIN_SLEEP_S * 2**attempt, MAX_SLEEP_S))
+            time.sleep(backoff_s(attempt, timeout_ns))
 
     def window(self) -> tuple[int, int]:
         """When the next wait polls instead of sleeping, in ns from its start: `spin_ns`
@@ -313,7 +319,7 @@ class StoreBoard:
 
     def block(self, ring: int, stamp: int, timeout_ns: int, attempt: int) -> None:
         """Sleep a little before the next poll: each poll is a round trip to the store."""
-        time.sleep(min(timeout_ns / 1e9, MIN_SLEEP_S * 2**attempt, MAX_SLEEP_S))
+        time.sleep(backoff_s(attempt, timeout_ns))
 
     def window(self) -> tuple[int, int]:
         return 0, 0  # a poll is a round trip: never spin
