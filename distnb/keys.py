@@ -52,18 +52,21 @@ _DEBUG = "debug"
 ASK_COUNT = f"{_DEBUG}/count"
 
 
-def encode_run(cell: int, run_id: int, check: bool, stdin: bool = True) -> str:
+def encode_run(
+    cell: int, run_id: int, check: bool, stdin: bool = True, everyone: bool = True
+) -> str:
     """The value of `RUN`: the cell's number as the notebook shows it, the **run id** (unique
     within the session: one notebook cell may run several times through the Python API), whether
-    the checked runtime is on for it, and whether the kernel can ask the user for input (no
-    frontend stdin: nbconvert, papermill, `allow_stdin=False`)."""
-    return f"{cell} {run_id} {int(check)} {int(stdin)}"
+    the checked runtime is on for it, whether the kernel can ask the user for input (no
+    frontend stdin: nbconvert, papermill, `allow_stdin=False`), and whether every rank runs it
+    (not `--ranks`)."""
+    return f"{cell} {run_id} {int(check)} {int(stdin)} {int(everyone)}"
 
 
-def decode_run(value: bytes | str) -> tuple[int, int, bool, bool]:
+def decode_run(value: bytes | str) -> tuple[int, int, bool, bool, bool]:
     text = value.decode() if isinstance(value, bytes) else value
-    cell, run_id, check, stdin = text.split()
-    return int(cell), int(run_id), check == "1", stdin == "1"
+    cell, run_id, check, stdin, everyone = text.split()
+    return int(cell), int(run_id), check == "1", stdin == "1", everyone == "1"
 
 
 def ask(n: int) -> str:

@@ -288,12 +288,12 @@ def _pre_run_cell(info: Any) -> None:
         return
     _runtime.world.restore()  # in case making it again failed at the end of the last cell
     # The session sets RUN before it makes ranks, so this get never waits.
-    cell, run_id, check, stdin = keys.decode_run(_runtime.store.get(keys.RUN))
+    cell, run_id, check, stdin, everyone = keys.decode_run(_runtime.store.get(keys.RUN))
     # IPython has already taken this cell's number (and counted on by one) when this hook
     # runs; it compiles the cell right after, under the number taken.
     _shell.compile._filename_map.renumber[_shell.execution_count - 1] = cell
     checked.begin_run(run_id, cell_of_file)
-    debug.begin_run(run_id, stdin)
+    debug.begin_run(run_id, stdin, everyone)
     if not check:  # %%allranks --unchecked: this cell only, on every rank alike
         _cell_unchecked.append(checked.unchecked())
         _cell_unchecked[-1].__enter__()

@@ -220,6 +220,7 @@ class Session:
             targets=tuple(targets),
             check=check and self.options.check,
             timeout=timeout if timeout is not None else self.options.timeout,
+            everyone=len(targets) == len(self.ranks),
         )
         result = self._execute(request)
         views: list[Any] = []

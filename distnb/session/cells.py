@@ -57,6 +57,7 @@ class CellRequest:
     targets: tuple[RankInfo, ...]
     check: bool = True
     timeout: float | None = None
+    everyone: bool = True  # every rank of the world runs it (not `--ranks`)
 
     @property
     def where(self) -> str:
@@ -147,7 +148,7 @@ class CellRun:
         req = self.request
         self._watch()  # a process that died since the last cell
         self.cluster.mark_logs(t.pid for t in self.targets)
-        self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin())
+        self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin(), req.everyone)
         for info in self.targets:
             ar = self.cluster.view(info.engine_id).execute(req.code, silent=False, block=False)
             ar.add_done_callback(lambda _f: self._wake.set())

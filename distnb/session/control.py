@@ -35,10 +35,12 @@ class ControlPlane:
         self._asks_seen = 0
         self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
 
-    def begin_run(self, cell: int, run_id: int, check: bool, stdin: bool = True) -> None:
-        """Tell the ranks what their next cell is: its number, run id, whether it is checked and
-        whether the user can be asked for input."""
-        self.store.set(keys.RUN, keys.encode_run(cell, run_id, check, stdin))
+    def begin_run(
+        self, cell: int, run_id: int, check: bool, stdin: bool = True, everyone: bool = True
+    ) -> None:
+        """Tell the ranks what their next cell is: its number, run id, whether it is checked,
+        whether the user can be asked for input and whether every rank runs it."""
+        self.store.set(keys.RUN, keys.encode_run(cell, run_id, check, stdin, everyone))
 
     def asks(self) -> list[InputRequest]:
         """Ranks' requests for a line from the user posted since the last call (one counter read

@@ -220,4 +220,4 @@ def post_mortem_request(
             f"{', '.join(map(str, candidates))} (e.g. %dist_debug {candidates[0]})"
         )
     info = next(r for r in ranks if r.rank == rank)
-    return CellRequest(cell, 0, POST_MORTEM, (info,), check=False, timeout=None)
+    return CellRequest(cell, 0, POST_MORTEM, (info,), check=False, timeout=None, everyone=False)

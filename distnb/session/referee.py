@@ -51,6 +51,20 @@ def desync_reason(done: Mapping[int, str], waiters: Sequence[Beacon]) -> str:
     return reason
 
 
+def outside_reason(waiters: Sequence[Beacon], targets: Sequence[int], noun: str) -> str:
+    """The sentence for ranks waiting for peers that do not run this cell (`--ranks`)."""
+    first = waiters[0]
+    missing = sorted({r for b in waiters for r in b.waiting_for if r not in targets})
+    where = f" at {first.site}" if first.site is not None else ""
+    waiting = format_ranks(w.rank for w in waiters)
+    return (
+        f"{format_ranks(missing)} {'does' if len(missing) == 1 else 'do'} not run {noun} (it "
+        f"runs on {format_ranks(sorted(targets))} only), so {first.op} #{first.seq} on "
+        f"{first.group}, which {waiting} {'waits' if len(waiters) == 1 else 'wait'}{where}, "
+        "cannot complete: run collectives on every rank of their group (drop --ranks)"
+    )
+
+
 class DesyncReferee(Referee):
     """Watches the beacons of a running cell through the session's control plane."""
 
@@ -69,6 +83,12 @@ class DesyncReferee(Referee):
         if not running or run_id in self._released:
             return
         beacons = self.control.beacons(running)
+        outside = [b for b in beacons if _waits_outside(b, run_id, states)]
+        if outside:  # `--ranks`: a peer it waits for does not run this cell at all
+            self.control.abort(run_id, outside_reason(outside, list(states), request.noun))
+            self._released.add(run_id)
+            self.waiters[run_id] = outside
+            return
         waiters = [b for b in beacons if _waits_in(b, run_id, done)] if done else []
         if not waiters:  # no rank waits for one that is done: perhaps they wait in a circle
             self._look_for_cycle(run_id, beacons)
@@ -126,6 +146,14 @@ def _done_words(state: RankState, error: str, noun: str) -> str:
     if quit_words is not None:
         return quit_words.group(1)
     return DONE_WORDS[state].format(error=error, noun=noun)
+
+
+def _waits_outside(beacon: Beacon, run_id: int, states: Mapping[int, RankState]) -> bool:
+    return (
+        beacon.waiting
+        and beacon.run_id == run_id
+        and any(r not in states for r in beacon.waiting_for)
+    )
 
 
 def _waits_in(beacon: Beacon, run_id: int, done: Mapping[int, RankState]) -> bool:

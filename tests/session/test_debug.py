@@ -144,6 +144,17 @@ def test_torch_distributed_breakpoint_keeps_the_others_at_its_barrier(fe: Fronte
     assert "[rank 0] after 0" in text and "[rank 1] after 1" in text
 
 
+def test_cells_on_some_ranks(fe: Frontend) -> None:
+    # torch.distributed.breakpoint with nobody else running the cell: nothing to wait for
+    reply = fe.run("%%allranks --ranks 1\ndist.breakpoint(rank=1)\nprint('after')", ["c"])
+    assert reply.status == "ok" and "[rank 1] after" in reply.text, reply.text
+    # a collective that needs a rank outside the cell says so at once, instead of a hang
+    reply = fe.run("%%allranks --ranks 1\nx = torch.ones(1)\ndist.all_reduce(x)")
+    assert reply.content["ename"] == "CollectiveDesyncError"
+    assert "rank 0 does not run the cell (it runs on rank 1 only), so all_reduce #" in reply.text
+    still_works(fe)
+
+
 def test_input_on_ranks_asks_the_user(fe: Frontend) -> None:
     reply = fe.run("%%allranks\nname = input('name? ')\nprint('hello', name)", ["zero", "one"])
     assert reply.status == "ok", reply.text

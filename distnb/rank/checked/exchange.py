@@ -88,7 +88,9 @@ MAX_SLEEP_S = 1e-3
 def backoff_s(attempt: int, timeout_ns: int) -> float:
     """The sleep before poll `attempt`: doubling from MIN_SLEEP_S up to MAX_SLEEP_S (the exponent
     is capped: a wait of thousands of polls must not overflow a float)."""
-    return min(timeout_ns / 1e9, MIN_SLEEP_S * 2 ** min(attempt, 32), MAX_SLEEP_S)
+    return min(timeout_ns / 1e9, MIN_SLEEP_S * 2.0 ** min(attempt, 32), MAX_SLEEP_S)
+
+
 TICK_NS = 5_000_000  # call `tick` this often while waiting
 
 # Slot layout: head stamp u64 | tail stamp u64 | payload length u32 | crc32 u32 | payload.

@@ -48,6 +48,7 @@ class _State:
         self.cell_of = cell_of
         self.failure: BaseException | None = None  # the last cell's exception
         self.in_post_mortem = False
+        self.everyone = True  # every rank runs the current cell
         self.saved: list[tuple[Any, str, Any]] = []  # (object, attribute, value before)
 
     def patch(self, obj: Any, name: str, value: Any) -> None:
@@ -102,10 +103,12 @@ def uninstall() -> None:
     _state = None
 
 
-def begin_run(run_id: int, stdin: bool) -> None:
-    """A cell starts: `stdin` says whether the kernel's frontend can answer prompts."""
+def begin_run(run_id: int, stdin: bool, everyone: bool = True) -> None:
+    """A cell starts: `stdin` says whether the kernel's frontend can answer prompts, `everyone`
+    whether every rank runs it."""
     if _state is not None:
         _state.asker.begin_run(run_id, stdin)
+        _state.everyone = everyone
 
 
 def end_run(error: BaseException | None) -> None:
@@ -146,7 +149,8 @@ def breakpointhook(*args: Any, **kwargs: Any) -> None:
 def dist_breakpoint(rank: int = 0, timeout_s: int = 3600) -> None:
     """`torch.distributed.breakpoint` on distnb's ranks: rank `rank` stops at the caller's
     line while the others wait for it at a barrier (`timeout_s` is not needed: a checked
-    barrier waits for a stopped rank as long as it takes)."""
+    barrier waits for a stopped rank as long as it takes). In a cell that only some ranks run
+    (`--ranks`) there are no others to hold: no barrier."""
     import torch.distributed as dist
 
     caller = sys._getframe(1)
@@ -159,7 +163,8 @@ def dist_breakpoint(rank: int = 0, timeout_s: int = 3600) -> None:
             raise DebuggerQuit(
                 f"rank {rank} quit the debugger at {site(caller, caller.f_lineno, _cell_of())}"
             )
-    dist.barrier()
+    if _state is None or _state.everyone:
+        dist.barrier()
     if debugger is not None and (debugger.stoplineno != -1 or debugger.breaks):
         _trace_from(debugger, caller)  # `n`, `s`, `r` or breakpoints: go on tracing
 
