@@ -94,9 +94,11 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     from distnb.magics import DistMagics
 
     if not any(isinstance(m, DistMagics) for m in ipython.magics_manager.registry.values()):
+        from distnb.session.postmortem import route_debugger
+
         magics = DistMagics(ipython)
         ipython.register_magics(magics)
-        magics.route_debugger()  # %debug and %pdb on reach a failed rank
+        route_debugger(ipython, lambda: magics.session)  # %debug and %pdb on reach a failed rank
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
@@ -105,7 +107,9 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
 
     for magics in ipython.magics_manager.registry.values():
         if isinstance(magics, DistMagics):
-            magics.unroute_debugger()
+            from distnb.session.postmortem import unroute_debugger
+
+            unroute_debugger(ipython)
             if magics.session is not None:
                 magics.session.stop()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -12,7 +11,7 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import distnb
-from distnb.errors import CollectiveMismatchError, ConfigError, RankError, SessionError
+from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
 from distnb.session import Session
 from distnb.session.automode import AutoMode
 from distnb.session.data import parse_size
@@ -108,38 +107,6 @@ class DistMagics(Magics):
         if self.session is not None:
             self.session.pdb = self.pdb
         print(f"distnb: automatic post-mortem on ranks is {'on' if self.pdb else 'off'}")
-
-    def route_debugger(self) -> None:
-        """Make `%debug` and `%pdb on` open the failed rank after a `RankError` (IPython's own
-        debugger would open distnb's frames in the kernel); other errors keep IPython's."""
-        assert self.shell is not None
-        shell = self.shell
-        if getattr(shell.debugger, "_distnb", False):
-            return
-        original = shell.debugger
-
-        def debugger(force: bool = False) -> None:
-            error = getattr(sys, "last_value", None)
-            session = self.session
-            if not (force or shell.call_pdb) or not isinstance(error, RankError):
-                original(force)
-            elif session is not None and session.debugs(error):
-                session.debug()
-            else:
-                print(
-                    "distnb: the ranks no longer hold that error's traceback (they ran another "
-                    "cell, or the cluster stopped); %dist_debug opens the last failed run's"
-                )
-
-        debugger._distnb = True  # type: ignore[attr-defined]
-        debugger.original = original  # type: ignore[attr-defined]
-        shell.debugger = debugger  # type: ignore[method-assign]
-
-    def unroute_debugger(self) -> None:
-        assert self.shell is not None
-        original = getattr(self.shell.debugger, "original", None)
-        if original is not None:
-            self.shell.debugger = original  # type: ignore[method-assign]
 
     @line_magic
     def dist_restart(self, line: str) -> Any:

@@ -287,7 +287,7 @@ class Session:
         RankError: ...
         >>> s.debug()          # (Pdb) p x, ...
         """
-        from distnb.session.debug import post_mortem_request
+        from distnb.session.postmortem import post_mortem_request
 
         self._require_running(notice=True)
         request = post_mortem_request(self._failed, rank, self.ranks, self._cell_number())

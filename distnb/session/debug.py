@@ -19,23 +19,14 @@ import builtins
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from distnb.errors import ConfigError, RankError, SessionError
-from distnb.records.cell import RankInfo, RankState
+from distnb.records.cell import RankState
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
 from distnb.session.control import ControlPlane
-from distnb.session.failures import debuggable
 
-if TYPE_CHECKING:
-    from distnb.session.cells import CellRequest
-
-__all__ = ["Desk", "RunView", "frontend_stdin", "post_mortem_request"]
-
-# What a post-mortem runs on the rank: a cell of its own, so that its prompts are served, its
-# output shown and Ctrl-C handled as for any cell (the rank keeps the failure through it).
-POST_MORTEM = "__import__('distnb.rank.debug', fromlist=['post_mortem']).post_mortem()"
+__all__ = ["Desk", "RunView", "frontend_stdin"]
 
 # How long the rank at hand gets to stop again after a stepping command before another stopped
 # rank gets the prompt (a step over a long call may take longer: the other rank goes first).
@@ -195,29 +186,3 @@ class Desk:
                 what = states[rank].value
             lines.append(f"  rank {rank}: {what}")
         return "where the ranks are:\n" + "\n".join(lines)
-
-
-def post_mortem_request(
-    failed: RankError | None, rank: int | None, ranks: Sequence[RankInfo], cell: int
-) -> CellRequest:
-    """The run that opens `rank`'s debugger at the frame where `failed`, the last run's error,
-    was raised (`rank` None: the first rank that failed, the cause before those it released)."""
-    from distnb.session.cells import CellRequest
-
-    if failed is None:
-        raise SessionError(
-            "nothing to debug: the last %%allranks cell or %dist_run raised nothing (a rank keeps "
-            "its traceback until its next cell)"
-        )
-    candidates = debuggable(failed.failures)
-    if not candidates:
-        raise SessionError("no rank of the last run has a traceback to debug: they died")
-    if rank is None:
-        rank = candidates[0]
-    elif rank not in candidates:
-        raise ConfigError(
-            f"rank {rank} did not fail in the last run; ranks that did: "
-            f"{', '.join(map(str, candidates))} (e.g. %dist_debug {candidates[0]})"
-        )
-    info = next(r for r in ranks if r.rank == rank)
-    return CellRequest(cell, 0, POST_MORTEM, (info,), check=False, timeout=None, everyone=False)

@@ -273,6 +273,12 @@ def test_post_mortem_opens_the_failing_frame(fe: Frontend) -> None:
     assert reply.status == "error" and "nothing to debug" in reply.text
 
 
+def test_debug_after_a_kernel_error_is_ipythons_own(fe: Frontend) -> None:
+    fe.run("kernel_side = 7\n1 / 0")
+    reply = fe.run("%debug", ["p kernel_side", "q"])
+    assert reply.prompts == ["ipdb> ", "ipdb> "] and "7" in reply.text
+
+
 def test_post_mortem_of_a_mismatch_starts_at_the_users_line(fe: Frontend) -> None:
     failed = fe.run("%%allranks\nx = torch.zeros(3 + rank)\ndist.all_reduce(x)")
     n = cell_number(failed)
