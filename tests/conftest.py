@@ -1,13 +1,21 @@
 """Shared fixtures: one real 2-rank gloo session for the whole test run.
 
 Tests that break a cluster on purpose (killing a rank, restarting) start their own session.
+
+The run keeps to private folders: IPython's (history, profiles, security files), Jupyter's
+(config, data, runtime: connection files) and matplotlib's are set here, before anything starts
+a shell, so every kernel, engine and shell the tests start inherits them and the user's own
+`~/.ipython`, `~/.jupyter` and `~/.local/share/jupyter` stay as they were
+(tests/test_private_dirs.py checks it).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +24,24 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+
+# Module level, not a fixture: pytest imports this file before it collects any test module, so
+# no IPython shell or kernel can exist yet. Variables a user set are replaced too: the run must
+# neither write to their folders nor read their startup files, configs and kernelspecs.
+PRIVATE_DIRS = Path(tempfile.mkdtemp(prefix="distnb-tests-"))
+PRIVATE_ENV = {
+    "IPYTHONDIR": str(PRIVATE_DIRS / "ipython"),
+    "JUPYTER_CONFIG_DIR": str(PRIVATE_DIRS / "jupyter-config"),
+    "JUPYTER_DATA_DIR": str(PRIVATE_DIRS / "jupyter-data"),
+    "JUPYTER_RUNTIME_DIR": str(PRIVATE_DIRS / "jupyter-runtime"),
+    "MPLCONFIGDIR": str(PRIVATE_DIRS / "matplotlib"),
+}
+os.environ.update(PRIVATE_ENV)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(PRIVATE_DIRS, ignore_errors=True)
+
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

@@ -1,4 +1,5 @@
-"""What this rank runs with, for `%dist_status`: memory, CUDA memory, threads, environment.
+"""What this rank runs with, for `%dist_status`: memory, CUDA memory, intra-op threads,
+environment.
 
 Cheap enough to ask at every `%dist_status` (~0.1 ms): one read of /proc through psutil, the
 caching allocator's counters (no device sync) and a scan of `os.environ`.
@@ -40,7 +41,7 @@ def probe(rank: int) -> RankResources:
         rank=rank,
         rss=int(psutil.Process().memory_info().rss),
         peak_rss=_peak_rss(),
-        threads=torch.get_num_threads(),
+        intra_op_threads=torch.get_num_threads(),
         cuda=_cuda_memory(),
         env=distributed_env(os.environ),
     )

@@ -1,4 +1,5 @@
-"""What a rank runs with: its memory, its CUDA memory, its threads and its distributed environment.
+"""What a rank runs with: its memory, its CUDA memory, torch's intra-op threads and its
+distributed environment.
 
 A rank answers `distnb.rank.resources.probe()` with one `RankResources`; `%dist_status` shows one
 row per rank, and the environment variables grouped by value, so a rank whose `NCCL_*` or
@@ -28,13 +29,15 @@ class CudaMemory(Record):
 
 @dataclass(frozen=True, slots=True)
 class RankResources(Record):
-    """One rank's process: resident memory (now and its peak), threads, CUDA memory and the
-    environment variables that change how `torch.distributed` behaves (`env`, sorted)."""
+    """One rank's process: resident memory (now and its peak), torch's intra-op threads
+    (`torch.get_num_threads()`: the threads one CPU op may use, not the process's thread count),
+    CUDA memory and the environment variables that change how `torch.distributed` behaves
+    (`env`, sorted)."""
 
     rank: int
     rss: int
     peak_rss: int
-    threads: int  # torch's intra-op threads
+    intra_op_threads: int  # torch.get_num_threads()
     cuda: CudaMemory | None = None
     env: tuple[tuple[str, str], ...] = ()
 

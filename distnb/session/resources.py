@@ -30,13 +30,14 @@ NO_ANSWER = "no answer"
 
 
 def status(session: Session) -> Status:
-    """One row per rank: rank, host, pid, device, backend, memory (now and peak), threads, CUDA
-    memory where there is CUDA, and state; then the distributed environment of each rank.
+    """One row per rank: rank, host, pid, device, backend, memory (now and peak), torch's
+    intra-op threads, CUDA memory where there is CUDA, and state; then the distributed
+    environment of each rank.
 
     >>> s.status()
-    rank  host  pid    device  backend  memory (peak)        threads  state
-    0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1        alive
-    1     vm    13903  cpu     gloo     401.7 MiB (402.0 MiB)  1        alive
+    rank  host  pid    device  backend  memory (peak)          intra-op threads  state
+    0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1                 alive
+    1     vm    13903  cpu     gloo     401.7 MiB (402.0 MiB)  1                 alive
     environment:
       OMP_NUM_THREADS=1  ranks 0-1
     """

@@ -1,8 +1,9 @@
 """The session's status table, and start-up progress.
 
 `Status` shows one row per rank: who it is (rank, host, pid, device, backend) and, when the
-session asked the ranks, what it runs with (memory, CUDA memory, threads, whether it is alive),
-then the distributed environment grouped by value, variables that differ between ranks first.
+session asked the ranks, what it runs with (memory, CUDA memory, torch's intra-op threads,
+whether it is alive), then the distributed environment grouped by value, variables that differ
+between ranks first.
 `Progress` is a tqdm bar: a widget in Jupyter, text on stderr in a terminal.
 """
 
@@ -28,6 +29,7 @@ from distnb.views._format import (
 from distnb.views.display import in_kernel
 
 COLUMNS = ("rank", "host", "pid", "device", "backend")
+INTRA_OP_THREADS = "intra-op threads"
 ALIVE = "alive"
 
 
@@ -45,7 +47,8 @@ class Status:
     states: tuple[str, ...] = ()
 
     def columns(self) -> tuple[str, ...]:
-        extra: tuple[str, ...] = ("memory (peak)", "threads") if self.resources else ()
+        # `torch.get_num_threads()`, named so: a bare "threads" reads as the process's count.
+        extra: tuple[str, ...] = ("memory (peak)", INTRA_OP_THREADS) if self.resources else ()
         if any(r is not None and r.cuda is not None for r in self.resources):
             extra += ("cuda allocated", "reserved", "peak")
         return COLUMNS + extra + (("state",) if self.states else ())
@@ -100,7 +103,7 @@ def _resource_cells(res: RankResources | None, cuda: bool) -> tuple[str, ...]:
         return ("-",) * width
     cells: tuple[str, ...] = (
         f"{format_bytes(res.rss)} ({format_bytes(res.peak_rss)})",
-        str(res.threads),
+        str(res.intra_op_threads),
     )
     if cuda:
         m = res.cuda

@@ -24,27 +24,33 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.parametrize("how", ["python", "magic"])
-def test_status_shows_each_rank_memory_threads_and_environment(
+def test_status_shows_each_rank_memory_intra_op_threads_and_environment(
     how: str, session: Session, shell: InteractiveShell
 ) -> None:
     session.run(
         "import os\nos.environ['NCCL_DEBUG'] = 'INFO' if rank == 0 else 'WARN'\n"
-        "os.environ['TORCH_DISTRIBUTED_DEBUG'] = 'DETAIL'"
+        "os.environ['TORCH_DISTRIBUTED_DEBUG'] = 'DETAIL'\n"
+        "_threads = torch.get_num_threads()\ntorch.set_num_threads(3)"
     )
     try:
         status = session.status() if how == "python" else shell.run_line_magic("dist_status", "")
     finally:
-        session.run("del os.environ['NCCL_DEBUG'], os.environ['TORCH_DISTRIBUTED_DEBUG']")
+        session.run(
+            "del os.environ['NCCL_DEBUG'], os.environ['TORCH_DISTRIBUTED_DEBUG']\n"
+            "torch.set_num_threads(_threads)"
+        )
     assert status.states == ("alive", "alive")
     for res in status.resources:
         assert res is not None and 100 * 2**20 < res.rss <= res.peak_rss + 2**20
-        assert res.threads >= 1 and res.cuda is None
+        # torch's intra-op threads, as set on the rank; the process runs many more threads
+        assert res.intra_op_threads == 3 and res.cuda is None
         assert dict(res.env)["OMP_NUM_THREADS"]
     env = status.env()
     assert env[0][:3] == ("NCCL_DEBUG", "INFO", "rank 0") and env[0][3]
     assert ("TORCH_DISTRIBUTED_DEBUG", "DETAIL", "ranks 0-1", False) in env
     text = repr(status)
-    assert "memory (peak)" in text and "NCCL_DEBUG=WARN" in text and "cuda" not in text
+    assert "memory (peak)" in text and "intra-op threads" in text and "NCCL_DEBUG=WARN" in text
+    assert "cuda" not in text
 
 
 def test_a_rank_killed_by_the_oom_killer_is_named(small_cgroup: Path) -> None:

@@ -8,6 +8,7 @@ runs on the same process group. 4-rank circular waits across sub-groups are at t
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -198,14 +199,21 @@ def test_compiled_collective_mismatch_is_named(session: Session, body: str) -> N
     session.run(MESH_SETUP)
     err = fails(
         session,
-        f"@torch.compile\ndef f(x):\n    {body}\nf(torch.ones(4 if rank == 0 else 3))\n",
+        # shapes no other test compiles this graph for: inductor's cache would serve another
+        # function's graph, with that function's lines (distnb names the calling line then)
+        f"@torch.compile\ndef f(x):\n    {body}\nf(torch.ones(6 if rank == 0 else 7))\n",
         CollectiveMismatchError,
     )
     assert err.message.startswith("shape mismatch in all_reduce #")
-    assert "(compiled graph)" in err.message
-    # the graph has no line numbers of its own: the site is where the compiled function is called
+    assert "rank 0: [6], rank 1: [7]" in err.message
+    # the graph runs generated code: the site is the line its node was traced from, and the
+    # origin names the line that called the compiled function
     call_line = 3 + body.count("\n") + 1
-    assert f"line {call_line}: f(torch.ones(4 if rank == 0 else 3))" in err.message
+    origin = rf"\(compiled graph, called at cell In\[\d+\] line {call_line}\): "
+    assert re.search(origin, err.message), err.message
+    first = body.split("\n")[0]
+    assert err.message.count(f" line 3: {first}") == 2, err.message
+    assert "eval_with_key" not in err.message and "torchinductor" not in err.message
     still_works(session)
 
 

@@ -24,7 +24,7 @@ def resources(rank: int, **env: str) -> RankResources:
     return RankResources(rank, 400 * MiB, 500 * MiB, 4, cuda, tuple(sorted(env.items())))
 
 
-def test_status_shows_memory_cuda_threads_and_state_per_rank() -> None:
+def test_status_shows_memory_cuda_intra_op_threads_and_state_per_rank() -> None:
     status = Status(
         RANKS,
         resources=(resources(0, NCCL_DEBUG="INFO"), None),
@@ -32,7 +32,7 @@ def test_status_shows_memory_cuda_threads_and_state_per_rank() -> None:
     )
     header, row0, row1 = repr(status).splitlines()[:3]
     assert re.split(r"\s{2,}", header) == [
-        *("rank", "host", "pid", "device", "backend", "memory (peak)", "threads"),
+        *("rank", "host", "pid", "device", "backend", "memory (peak)", "intra-op threads"),
         *("cuda allocated", "reserved", "peak", "state"),
     ]
     assert "400.0 MiB (500.0 MiB)" in row0 and "10.0 MiB" in row0 and "15.0 MiB" in row0

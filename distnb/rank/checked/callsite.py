@@ -10,6 +10,12 @@ the collective and the user's code that names where it comes from (DDP's constru
 all-gather of a module, a compiled graph). A call made from a thread that runs no Python of the
 user's (DDP's reducer on CUDA runs in autograd's threads) is placed where the main thread is.
 
+A compiled graph runs generated code, not the user's lines: its call site is the user's line
+that the graph's node was traced from (`graphs.py`), and its origin names the line that called
+the compiled function ("compiled graph, called at cell In[4] line 7"). Where no recorded line can
+be trusted (none recorded, or inductor's cache served a graph another function compiled), the
+site is that calling line and the origin "compiled graph".
+
 Runs on every checked call, so it is cheap: a `sys._getframe` walk with one dict lookup per frame
 (what we know about a code object is cached), and one more for the site of (code, line), which is
 built once per cell: the cell resolver can map a file to a later cell after each new cell.
@@ -29,7 +35,8 @@ from types import CodeType, FrameType
 
 import torch
 
-from distnb.rank.checked import origin
+from distnb.rank.checked import graphs, origin
+from distnb.records.collective import CallSite
 
 __all__ = ["UNKNOWN", "Site", "lookup", "set_cell_resolver"]
 
@@ -63,8 +70,8 @@ _MAIN = threading.main_thread()
 Info = tuple[CodeType, int, str, "origin.Rule | None"]
 _codes: dict[int, Info] = {}
 _lines: dict[tuple[str, int], str] = {}
-# (id(code), line) -> site; valid while `_codes` holds the code, and until the next cell
-_sites: dict[tuple[int, int], Site] = {}
+# (id(code) or a file, line) -> site; valid while `_codes` holds the code, until the next cell
+_sites: dict[tuple[int | str, int], Site] = {}
 _resolver: Callable[[str], int | None] | None = None
 
 
@@ -92,17 +99,24 @@ def lookup(skip: int = 2) -> tuple[Site, str]:
 def _walk(frame: FrameType | None) -> tuple[Site, str]:
     fallback: tuple[FrameType, Info] | None = None
     graph: tuple[FrameType, Info] | None = None  # a compiled function's own frame
+    recorded: graphs.Stack = ()  # the stack a compiled graph's node was traced with
+    compiled = ""  # the file of the frame that runs the compiled function, once found
     found = package = ""  # a function's own rule wins over its package's label
     while frame is not None:
         code = frame.f_code
+        if recorded and not compiled and _runs(code, recorded[-1]):
+            compiled = code.co_filename
         info = _codes.get(id(code))
         if info is None:
             info = _classify(code)
         if info[1] == 0:
-            if found != origin.COMPILED or graph is not None:
+            if found != origin.COMPILED:
                 return _site(frame, info), found or package
-            # A compiled function runs its graph under its own name, without line numbers:
-            # the line that calls it says more.
+            if graph is not None:
+                traced = _traced(recorded, compiled) if compiled else None
+                return _compiled(traced, _site(frame, info))
+            # A compiled function's own frame runs its graph, at the line of its `def`: the
+            # line that calls it says more.
             graph = frame, info
         rule = info[3]
         if rule is not None and not found:
@@ -110,11 +124,54 @@ def _walk(frame: FrameType | None) -> tuple[Site, str]:
                 package = package or rule.label
             else:
                 found = rule if isinstance(rule, str) else rule(frame)
+                if found == origin.COMPILED:
+                    recorded = graphs.recorded_stack(frame)
         if info[1] == 1 and fallback is None:
             fallback = frame, info
         frame = frame.f_back
+    traced = _traced(recorded, compiled) if compiled else None
+    if traced is not None:
+        return traced, found
     last = graph or fallback
     return (_site(*last) if last is not None else UNKNOWN), found or package
+
+
+def _runs(code: CodeType, outermost: tuple[str, int, str, str]) -> bool:
+    """Whether `code` is the compiled function a recorded stack starts in: the same function,
+    reading at the recorded line as recorded. Its file may differ: inductor's cache serves a
+    graph with the stack of the process that compiled it first, and a notebook cell's file is
+    named after its process (`/tmp/ipykernel_<pid>/<hash>.py`)."""
+    file, line, name, text = outermost
+    if code.co_name != name:
+        return False
+    return code.co_filename == file or _source(code.co_filename, line) == text[:_CODE_LEN]
+
+
+def _traced(recorded: graphs.Stack, compiled: str) -> Site | None:
+    """The user's innermost line in a graph node's recorded stack that reads as it was recorded
+    (see `graphs`: a cached graph's stack may be another process's), the compiled function's
+    file standing for the recorded one. A helper the graph inlined from a file that has gone
+    gives way to the line in the compiled function that called it."""
+    first = recorded[-1][0]
+    for file, line, _, text in recorded:
+        file = compiled if file == first else file
+        path = os.path.abspath(file) if os.sep in file else ""
+        if _kind(path) != 0 or graphs.is_generated(file):
+            continue
+        site = _file_site(file, line)
+        if site[3] == text[:_CODE_LEN]:
+            return site
+    return None
+
+
+def _compiled(traced: Site | None, caller: Site) -> tuple[Site, str]:
+    """A compiled graph's call: the user's traced line, and the line that called the compiled
+    function in the origin (or that line as the site, where no line was recorded)."""
+    if traced is None:
+        return caller, origin.COMPILED
+    file, line, cell, _ = caller
+    where = CallSite(file, line, None if cell < 0 else cell)
+    return traced, f"{origin.COMPILED}, called at {where}"
 
 
 def _site(frame: FrameType, info: Info) -> Site:
@@ -126,7 +183,19 @@ def _site(frame: FrameType, info: Info) -> Site:
         if len(_sites) >= _MAX_CACHE:
             _sites.clear()
         cell = _resolver(file) if _resolver is not None and kind == 0 else None
-        site = _sites[key] = (file, line, -1 if cell is None else cell, _source(code, file, line))
+        site = _sites[key] = (file, line, -1 if cell is None else cell, _source(file, line))
+    return site
+
+
+def _file_site(file: str, line: int) -> Site:
+    """The site of a line of the user's known by file and line only (no frame runs it)."""
+    key = (file, line)
+    site = _sites.get(key)
+    if site is None:
+        if len(_sites) >= _MAX_CACHE:
+            _sites.clear()
+        cell = _resolver(file) if _resolver is not None else None
+        site = _sites[key] = (file, line, -1 if cell is None else cell, _source(file, line))
     return site
 
 
@@ -136,17 +205,20 @@ def _classify(code: CodeType) -> Info:
         _sites.clear()
     file = code.co_filename
     path = os.path.abspath(file) if os.sep in file else ""
-    rule = origin.rule_for(path, code.co_name)
-    if rule == origin.COMPILED:
-        kind = 1  # generated code: not the user's line, but the origin
+    if graphs.is_generated(file):
+        info: Info = (code, 1, file, origin.COMPILED)  # not the user's line, but the origin
     else:
-        kind = 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
-    info = (code, kind, file, rule)
+        info = (code, _kind(path), file, origin.rule_for(path, code.co_name))
     _codes[id(code)] = info
     return info
 
 
-def _source(code: CodeType, file: str, line: int) -> str:
+def _kind(path: str) -> int:
+    """0: the user's file, 1: another library's, 2: torch's or distnb's (`path` absolute)."""
+    return 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
+
+
+def _source(file: str, line: int) -> str:
     key = (file, line)
     text = _lines.get(key)
     if text is None:

@@ -112,9 +112,8 @@ PACKAGES = (
 
 
 def rule_for(path: str, function: str) -> Rule | None:
-    """The origin rule of a function in torch (`path` absolute), or None."""
-    if "torchinductor" in path:  # the generated module of a compiled graph
-        return COMPILED
+    """The origin rule of a function in torch (`path` absolute), or None. (Code a compiled
+    graph runs is generated, not torch's: `graphs.is_generated` tells it, `COMPILED` names it.)"""
     if not path.startswith(_TORCH):
         return None
     relative = path[len(_TORCH) :].replace(os.sep, "/")
