@@ -12,6 +12,8 @@ variants run on one 2-rank cluster, interleaved in rounds:
 - `desk`: as shipped;
 - `no desk again`: the first variant once more, the control for the machine's noise.
 
+Each round rotates the order of the variants, so none always runs first.
+
 Workloads, each a `session.run` as `%%allranks` does it: an empty cell; a cell of 200 checked
 8-element `all_reduce`s; a cell that sleeps 0.3 s (its wait loop wakes about 6 times). Each
 round times `--runs` runs of each variant and keeps their median; ratios are medians over rounds
@@ -61,9 +63,9 @@ def main() -> None:
     with distnb.start(2, progress=False) as session:
         for code in WORKLOADS.values():
             timed(session, code, 3)  # warm: imports, first collectives
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for name, code in WORKLOADS.items():
-                for variant in VARIANTS:
+                for variant in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:  # each goes first in turn
                     Desk.serve = serve if variant == "desk" else (lambda self, run: 0.0)  # type: ignore[method-assign]
                     results.setdefault((name, variant), []).append(timed(session, code, args.runs))
         Desk.serve = serve  # type: ignore[method-assign]
