@@ -7,7 +7,7 @@ CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c $(CONSTRAINTS)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench compat clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check distnb tests bench
 	$(VENV)/bin/ruff format --check distnb tests bench
 	$(VENV)/bin/mypy
+
+# The compatibility run: the tests on the oldest and the newest torch distnb accepts, each in a
+# venv of its own under .compat/ (~8 GB each: torch's CUDA builds); writes docs/compat.md.
+# COMPAT_TORCH="2.11.0" runs other versions without recording them.
+compat:
+	$(PYTHON) .ci/compat $(COMPAT_TORCH)
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_session.py

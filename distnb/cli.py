@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from distnb.errors import DistnbError
+from distnb.ranklist import format_ranks
+from distnb.records.doctor import DoctorReport
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +48,7 @@ def run_doctor(n: int | None, backend: str, engines: str) -> int:
             f"rank {r.rank}: host {r.host} pid {r.pid} device {r.device} "
             f"backend {r.backend} ({versions})"
         )
+    _print_torch(reports)
     print("all_reduce bus bandwidth (rank 0, nccl-tests formula):")
     for bw in reports[0].bandwidth:
         print(f"  {bw.nbytes:>10} B  {bw.seconds * 1e3:8.3f} ms  {bw.busbw_gbps:8.3f} GB/s")
@@ -55,6 +58,20 @@ def run_doctor(n: int | None, backend: str, engines: str) -> int:
             print(f"FAIL rank {r.rank}: {problem}")
     print("OK" if not bad else f"FAILED on {len(bad)} rank(s)")
     return 0 if not bad else 1
+
+
+def _print_torch(reports: Sequence[DoctorReport]) -> None:
+    """Each torch the ranks run (usually one): whether it is tested, and what it leaves
+    unchecked."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
+    for r in reports:
+        version = dict(r.versions).get("torch", "?")
+        groups.setdefault((version, r.torch_range, r.torch_gaps), []).append(r.rank)
+    for (version, verdict, gaps), ranks in groups.items():
+        who = f"{format_ranks(ranks)}: " if len(groups) > 1 else ""
+        print(f"{who}torch {version}: {verdict}")
+        for gap in gaps or ("every collective path distnb knows is checked",):
+            print(f"  {gap}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ class DoctorReport:
     versions: tuple[tuple[str, str], ...]
     problems: tuple[str, ...]
     bandwidth: tuple[Bandwidth, ...]
+    torch_range: str = ""  # where this rank's torch lies against the tested range, in words
+    torch_gaps: tuple[str, ...] = ()  # what distnb cannot check with this torch, one line each
 
     @property
     def ok(self) -> bool:

@@ -40,6 +40,13 @@ def values(outcomes: list[Outcome]) -> list[Any]:
 # --- valid programs: no error, right values ---------------------------------------------------
 
 
+# torch 2.13 names these two; before, the same ops go by their older names
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+# gloo's list-form all_to_all came with torch 2.12
+GLOO_ALL_TO_ALL = torch.__version__ >= "2.12"
+
+
 def s_all_reduce(rank: int) -> list[float]:
     x = torch.full((8,), float(rank + 1))
     dist.all_reduce(x)
@@ -66,7 +73,7 @@ def s_collectives(rank: int) -> dict[str, Any]:
     dist.all_gather(gl, x)
     out["all_gather"] = [t.item() for t in gl]
     single = torch.zeros(2)
-    dist.all_gather_single(single, x)
+    ALL_GATHER_SINGLE(single, x)
     stacked = torch.zeros(2, 2)  # gloo takes the concatenated form only
     dist.all_gather_into_tensor(stacked, torch.full((1, 2), float(rank)))
     out["all_gather_single"] = single.tolist() + stacked.flatten().tolist()
@@ -82,7 +89,7 @@ def s_collectives(rank: int) -> dict[str, Any]:
     rst = torch.zeros(1)
     dist.reduce_scatter_tensor(rst, torch.tensor([1.0, 2.0]))
     rss = torch.zeros(1)
-    dist.reduce_scatter_single(rss, torch.tensor([3.0, 4.0]))
+    REDUCE_SCATTER_SINGLE(rss, torch.tensor([3.0, 4.0]))
     out["reduce_scatter"] = [rs.item(), rst.item(), rss.item()]
     dist.barrier()
     dist.monitored_barrier()
@@ -112,7 +119,8 @@ def s_all_to_all(rank: int) -> dict[str, Any]:
     # gloo's list form wants equal sizes (the matcher also allows uneven ones, for NCCL)
     ins = [torch.full((2,), float(10 * rank + j)) for j in range(2)]
     outs = [torch.zeros(2) for _ in range(2)]
-    dist.all_to_all(outs, ins)
+    if GLOO_ALL_TO_ALL:
+        dist.all_to_all(outs, ins)
     return {"single": out.tolist(), "even": even.tolist(), "lists": [o.tolist() for o in outs]}
 
 
@@ -121,8 +129,9 @@ def test_uneven_all_to_all(ranks: Ranks) -> None:
     assert r0["single"] == [0.0, 10.0, 11.0, 12.0]
     assert r1["single"] == [1.0, 2.0, 13.0]
     assert r0["even"] == [0.0, 2.0] and r1["even"] == [1.0, 3.0]
-    assert r0["lists"] == [[0.0, 0.0], [10.0, 10.0]]
-    assert r1["lists"] == [[1.0, 1.0], [11.0, 11.0]]
+    if GLOO_ALL_TO_ALL:
+        assert r0["lists"] == [[0.0, 0.0], [10.0, 10.0]]
+        assert r1["lists"] == [[1.0, 1.0], [11.0, 11.0]]
 
 
 def s_objects(rank: int) -> dict[str, Any]:
@@ -333,7 +342,7 @@ CASES: dict[str, Callable[[int], Any]] = {
     "root": lambda r: dist.broadcast(torch.zeros(4), src=r),
     "split sizes": lambda r: dist.all_to_all_single(torch.zeros(3), torch.zeros(3), [1, 2], [1, 2]),
     "count": lambda r: dist.broadcast_object_list([None] * (2 + r), src=0),
-    "all_gather_single output": lambda r: dist.all_gather_single(torch.zeros(2), torch.zeros(2)),
+    "all_gather_single output": lambda r: ALL_GATHER_SINGLE(torch.zeros(2), torch.zeros(2)),
     # `dist.*` is checked at the group's method, the method's other overloads at the op's kernel:
     # one check all the same
     "paths": lambda r: [dist.all_reduce, dist.group.WORLD.allreduce][r](torch.ones(8 >> r)),
@@ -627,7 +636,8 @@ def s_compiled(rank: int) -> dict[str, Any]:
 
 
 def test_compiled_collectives_are_checked_without_graph_breaks(ranks: Ranks) -> None:
-    for r in values(ranks.run(s_compiled)):
+    # the first compile of the session: ~40 s with torch 2.8's and 2.9's CUDA builds here
+    for r in values(ranks.run(s_compiled, timeout=120)):
         assert r["breaks"] == 0  # tracing sees the patched functions as torch's own
         assert r["value"] == [6.0] * 4
         # the run, not the trace (fake tensors)

@@ -53,12 +53,12 @@ def still_works(session: Session) -> None:
     assert result.result(0) == result.result(1) == "4.0"
 
 
-def fails(session: Session, code: str, error: type[RankError]) -> RankError:
+def fails(session: Session, code: str, error: type[RankError], within: float = 10) -> RankError:
     """Run a buggy cell: it must raise `error` within a few seconds, not at its timeout."""
     started = time.monotonic()
     with pytest.raises(error) as info:
         session.run(code, timeout=60)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < within
     return info.value
 
 
@@ -203,6 +203,7 @@ def test_compiled_collective_mismatch_is_named(session: Session, body: str) -> N
         # function's graph, with that function's lines (distnb names the calling line then)
         f"@torch.compile\ndef f(x):\n    {body}\nf(torch.ones(6 if rank == 0 else 7))\n",
         CollectiveMismatchError,
+        within=45,  # it compiles first: ~20 s with torch 2.8's and 2.9's CUDA builds here
     )
     assert err.message.startswith("shape mismatch in all_reduce #")
     assert "rank 0: [6], rank 1: [7]" in err.message

@@ -23,6 +23,12 @@ Why `ADInplaceOrView` (measured on torch 2.13, 2 gloo ranks; see DESIGN.md):
   off for the call's duration, so they are checked too. C++ callers under inference mode (DDP's
   buffer broadcast in an inference-mode forward) and compiled graphs run there are not checked.
 
+Each op is registered only where the installed torch has it, with a schema its describer reads
+(`resolve`): torch adds ops across releases (2.8 and 2.9 have no `_c10d_functional::isend`,
+`irecv` or `reduce_scatter_tensor_out`; 2.10 and 2.11 no `isend` or `irecv`), and a missing name
+must leave that op unchecked, never stop the install. `Interceptor.missing` names what was left
+out; `distnb doctor` says it too.
+
 Traced calls are never checked: `torch.compile` and other tracers run these ops on fake
 tensors, and ranks need not trace alike (one may hit a compile cache). Ops called while a
 checked op runs (a functional collective calls `c10d::*` in turn) pass straight through:
@@ -31,16 +37,17 @@ checked op runs (a functional collective calls `c10d::*` in turn) pass straight 
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from distnb.rank.checked.calls import Call, local
-from distnb.rank.checked.ops import OPS, P2P_OPS, Describe
+from distnb.rank.checked.ops import OPS, P2P_OPS, UNREAD, Describe
 
-__all__ = ["KEY", "Context", "Interceptor"]
+__all__ = ["KEY", "Context", "Interceptor", "resolve"]
 
 KEY = "ADInplaceOrView"
 _BELOW = torch._C._after_ADInplaceOrView_keyset
@@ -49,9 +56,10 @@ _PYTHON = torch._C.DispatchKey.Python
 
 class Context:
     """What a Python-level caller knows and the op does not (see `context`): the function the
-    user called (`broadcast_object_list`), its list length and root, a DDP model's parameters."""
+    user called (`broadcast_object_list`), its list length and root, a DDP model's parameters,
+    and the reduce op where torch boxes it unreadably (`ops.READS_REDUCE_OP`)."""
 
-    __slots__ = ("count", "op", "params", "root")
+    __slots__ = ("count", "op", "params", "reduce_op", "root")
 
     def __init__(
         self,
@@ -59,11 +67,13 @@ class Context:
         count: int | None = None,
         root: int | None = None,
         params: tuple[Any, ...] = (),
+        reduce_op: str | None = None,
     ) -> None:
         self.op = op
         self.count = count
         self.root = root  # a group rank
         self.params = params
+        self.reduce_op = reduce_op
 
     def apply(self, call: Call) -> None:
         if self.op is not None:
@@ -73,6 +83,8 @@ class Context:
         if self.params:
             call.params = self.params
             self.params = ()  # the first op of the call carries them
+        if self.reduce_op is not None and call.reduce_op == UNREAD:
+            call.reduce_op = self.reduce_op
 
 
 # check(call, dispatch) runs the real op through `dispatch()` once the call has been checked
@@ -83,19 +95,25 @@ class Interceptor:
     """The registered kernels. `check` is None while nothing should be checked; `paused` counts
     the `unchecked()` blocks open on any thread (DDP's reducer on CUDA runs in autograd's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: Mapping[str, Describe] = OPS) -> None:
         self.check: Check | None = None
         self.p2p: Check | None = None
         self.paused = 0
+        self.ops = ops
+        self.missing: tuple[str, ...] = ()  # what this torch lacks (see `resolve`)
         self._libraries: dict[str, torch.library.Library] = {}
 
     def install(self, check: Check, p2p: Check) -> None:
         self.check, self.p2p = check, p2p
         if self._libraries:
             return
-        for qualname, describe in OPS.items():
+        missing = []
+        for qualname, describe in self.ops.items():
+            op = resolve(qualname, describe)
+            if op is None:
+                missing.append(qualname)
+                continue
             namespace, name = qualname.split("::")
-            op = getattr(getattr(torch.ops, namespace), name).default
             library = self._libraries.get(namespace)
             if library is None:
                 library = self._libraries[namespace] = torch.library.Library(namespace, "IMPL")
@@ -103,6 +121,7 @@ class Interceptor:
                 # "Overriding a previously registered kernel": the key's default passes through
                 warnings.simplefilter("ignore", UserWarning)
                 library.impl(name, self._kernel(describe, op), KEY, with_keyset=True)
+        self.missing = tuple(missing)
 
     def uninstall(self) -> None:
         self.check = self.p2p = None
@@ -139,6 +158,25 @@ class Interceptor:
             return check(call, dispatch)
 
         return kernel
+
+
+def resolve(qualname: str, describe: Describe) -> Any:
+    """The op `namespace::name` of the installed torch, or None where it has no such op or its
+    schema is not one `describe` can read (a release that added or renamed an argument): a
+    kernel that could not describe its calls would pass them all unchecked, unannounced."""
+    namespace, name = qualname.split("::")
+    try:
+        op = getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):  # no such op, or no default overload
+        return None
+    arguments = op._schema.arguments
+    positional = [None] * sum(1 for a in arguments if not a.kwarg_only)
+    keywords = {a.name: None for a in arguments if a.kwarg_only}
+    try:
+        inspect.signature(describe).bind(*positional, **keywords)
+    except TypeError:
+        return None
+    return op
 
 
 def _traced(args: tuple[Any, ...]) -> bool:

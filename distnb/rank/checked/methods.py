@@ -18,6 +18,11 @@ Running below `ADInplaceOrView` (`torch._C._AutoDispatchBelowADInplaceOrView`, w
 redispatch does too) changes nothing else for these ops: torch registers no kernel of its own
 there for them, none bumps a version counter, and code under `torch.inference_mode()` is checked
 here as anywhere (the kernels need it switched off, `context`).
+
+The methods' other overloads (`group.allreduce(t, op)`) are described by the kernels. Torch 2.8
+and 2.9 give the kernels the reduce op boxed, unreadable (`ops.READS_REDUCE_OP`): there the op
+goes with the call as context, as the Python caller passed it, so that one rank's
+`dist.all_reduce` and its peer's `group.allreduce(t)` compare two ops, not an op with `UNKNOWN`.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from distnb.rank.checked import ops
-from distnb.rank.checked.calls import Call, local
+from distnb.rank.checked.calls import Call, local, reduce_name
+from distnb.rank.checked.intercept import Context
 
 __all__ = ["DESCRIBE", "entry"]
 
@@ -118,7 +125,17 @@ DESCRIBE: dict[str, Callable[..., Call]] = {
     "all_to_all_single": _all_to_all_single,
     "alltoall": _alltoall,
     "barrier": _barrier,
+    # the names torch before 2.13 gives the same methods (its `torch.distributed` calls these)
+    "_allgather_base": _all_gather_single,
+    "_reduce_scatter_base": _reduce_scatter_single,
+    "alltoall_base": _all_to_all_single,
 }
+
+# the methods that reduce: each of their overloads reduces with SUM unless told otherwise
+_REDUCING = frozenset(
+    {"allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single",
+     "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"}
+)  # fmt: skip
 
 Check = Callable[[Call, Callable[[], Any]], Any]
 
@@ -142,7 +159,7 @@ def entry(name: str, method: Any, interceptor: Any, fallback: Any) -> Any:
         try:
             call = describe(self, *args, **kwargs)
         except Exception:  # another overload, or arguments torch will reject: the kernels see it
-            return fallback(self, *args, **kwargs)
+            return _to_kernels(name, fallback, self, args, kwargs)
         context = local.context
         if context is not None:
             context.apply(call)
@@ -155,3 +172,26 @@ def entry(name: str, method: Any, interceptor: Any, fallback: Any) -> Any:
         return check(call, dispatch)
 
     return checked
+
+
+def _to_kernels(
+    name: str, fallback: Any, pg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """`fallback(pg, ...)`, described by the kernels; where they cannot read a reduce op, with
+    the one the arguments name as context (see the module doc)."""
+    if ops.READS_REDUCE_OP or name not in _REDUCING or local.context is not None:
+        return fallback(pg, *args, **kwargs)
+    local.context = Context(reduce_op=_said_reduce_op((*args, *kwargs.values())))
+    try:
+        return fallback(pg, *args, **kwargs)
+    finally:
+        local.context = None
+
+
+def _said_reduce_op(args: tuple[Any, ...]) -> str:
+    for arg in args:
+        if isinstance(arg, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+            return reduce_name(arg)
+        if hasattr(arg, "reduceOp"):  # an options object
+            return reduce_name(_op(arg))
+    return "SUM"

@@ -30,7 +30,7 @@ from distnb.rank.checked.calls import (
     splits,
 )
 
-__all__ = ["OPS", "P2P_OPS", "Describe"]
+__all__ = ["OPS", "P2P_OPS", "READS_REDUCE_OP", "UNREAD", "Describe"]
 
 Describe = Callable[..., Call]
 _T = torch.Tensor
@@ -40,22 +40,34 @@ def _one(name: str, ts: Sequence[_T], pg: Any, **kw: Any) -> Call:
     return Call(name, group_name(pg), specs(ts), nbytes=nbytes(ts), **kw)
 
 
+# Torch 2.8 and 2.9 box a ReduceOp with nothing Python can read (no `op()` method, no properties;
+# 2.10 added `op()`): calls that reach these ops from C++ (DDP's gradient buckets) are compared
+# there without their reduce op. Python callers say theirs (`methods`).
+READS_REDUCE_OP: bool = torch.classes.c10d.ReduceOp()._has_method("op")
+UNREAD = "UNKNOWN"  # what `calls.reduce_name` says of a reduce op it cannot name
+
+
+def _unread_or_name(op: Any) -> str:
+    return UNREAD if isinstance(op, torch.ScriptObject) else reduce_name(op)
+
+
+_reduce = reduce_name if READS_REDUCE_OP else _unread_or_name  # one call either way
+
+
 # --- c10d::* (ProcessGroup) -------------------------------------------------------------------
 
 
 def allreduce_(
     ts: list[_T], pg: Any, op: Any, sparse: Any = None, async_op: bool = True, timeout: int = -1
 ) -> Call:
-    return _one(
-        "all_reduce", ts, pg, reduce_op=reduce_name(op), async_op=async_op, reduce=tuple(ts)
-    )
+    return _one("all_reduce", ts, pg, reduce_op=_reduce(op), async_op=async_op, reduce=tuple(ts))
 
 
 def allreduce_coalesced_(
     ts: list[_T], pg: Any, op: Any, async_op: bool = True, timeout: int = -1
 ) -> Call:
     name = "all_reduce_coalesced"
-    return _one(name, ts, pg, reduce_op=reduce_name(op), async_op=async_op, reduce=tuple(ts))
+    return _one(name, ts, pg, reduce_op=_reduce(op), async_op=async_op, reduce=tuple(ts))
 
 
 def broadcast_(
@@ -74,9 +86,7 @@ def reduce_(
     timeout: int = -1,
 ) -> Call:
     name = "reduce"
-    return _one(
-        name, ts, pg, reduce_op=reduce_name(op), root=root, async_op=async_op, reduce=tuple(ts)
-    )
+    return _one(name, ts, pg, reduce_op=_reduce(op), root=root, async_op=async_op, reduce=tuple(ts))
 
 
 def allgather_(
@@ -139,7 +149,7 @@ def reduce_scatter_(
         group_name(pg),
         specs(inputs),
         specs(outs),
-        reduce_op=reduce_name(op),
+        reduce_op=_reduce(op),
         async_op=async_op,
         nbytes=nbytes(inputs),
         reduce=tuple(inputs),
@@ -154,7 +164,7 @@ def _reduce_scatter_base_(
         group_name(pg),
         (spec(inp),),
         (spec(out),),
-        reduce_op=reduce_name(op),
+        reduce_op=_reduce(op),
         async_op=async_op,
         nbytes=inp.nbytes,
         reduce=(inp,),
@@ -169,7 +179,7 @@ def reduce_scatter_tensor_coalesced_(
         group_name(pg),
         specs(ins),
         specs(outs),
-        reduce_op=reduce_name(op),
+        reduce_op=_reduce(op),
         async_op=async_op,
         nbytes=nbytes(ins),
         reduce=tuple(ins),
