@@ -52,6 +52,7 @@ class Frontend:
 
     def __init__(self, km: Any, kc: Any) -> None:
         self.km, self.kc = km, kc
+        self.last_password = False  # the last prompt asked for hidden input
 
     def run(
         self,
@@ -76,6 +77,7 @@ class Frontend:
                 request = None
             if request is not None:
                 prompt = request["content"]["prompt"]
+                self.last_password = bool(request["content"].get("password"))
                 reply.prompts.append(prompt)
                 if not pending:
                     raise AssertionError(f"unexpected prompt {prompt!r}\n{reply.text}")

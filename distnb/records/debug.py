@@ -25,6 +25,7 @@ SKIP = "\0skip"
 class AskKind(str, Enum):
     DEBUGGER = "debugger"  # a debugger's prompt: the rank is stopped
     INPUT = "input"  # `input()` in the rank's code
+    PASSWORD = "password"  # `getpass.getpass()`: the frontend hides what is typed
 
 
 @dataclass(frozen=True, slots=True)

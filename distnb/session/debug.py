@@ -16,6 +16,7 @@ no input (nbconvert, papermill, `allow_stdin=False`) gets every prompt answered 
 from __future__ import annotations
 
 import builtins
+import getpass
 import re
 import sys
 import time
@@ -143,7 +144,7 @@ class Desk:
             )
         while True:
             try:
-                line = self._input(f"[rank {request.rank}] {request.prompt}")
+                line = self._input(f"[rank {request.rank}] {request.prompt}", request.kind)
             except KeyboardInterrupt:
                 print(f"distnb: interrupted: rank {request.rank} leaves the debugger", flush=True)
                 return QUIT
@@ -166,9 +167,12 @@ class Desk:
                 return None
             print(f"distnb: rank {other} is not stopped; {self._where_ranks(run, request)}")
 
-    def _input(self, prompt: str) -> str:
-        ask = self._ask or builtins.input
-        return ask(prompt)
+    def _input(self, prompt: str, kind: AskKind) -> str:
+        if self._ask is not None:
+            return self._ask(prompt)
+        if kind is AskKind.PASSWORD:
+            return getpass.getpass(prompt)  # ipykernel's: the frontend hides what is typed
+        return builtins.input(prompt)
 
     def _where_ranks(self, run: RunView, asking: InputRequest) -> str:
         states = run.states()

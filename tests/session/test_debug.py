@@ -162,6 +162,14 @@ def test_input_on_ranks_asks_the_user(fe: Frontend) -> None:
     assert "[rank 0] hello zero" in reply.text and "[rank 1] hello one" in reply.text
 
 
+def test_getpass_on_a_rank_asks_with_hidden_input(fe: Frontend) -> None:
+    code = "%%allranks --ranks 1\nimport getpass\ntoken = getpass.getpass('token: ')\nlen(token)"
+    reply = fe.run(code, ["s3cret"])
+    assert reply.status == "ok" and reply.prompts == ["[rank 1] token: "]
+    assert "[rank 1] 6" in reply.text and "s3cret" not in reply.text
+    assert fe.last_password  # the frontend was asked to hide it
+
+
 def test_time_in_the_debugger_is_not_the_cells(fe: Frontend) -> None:
     def slowly(line: str) -> object:
         def answer(prompt: str) -> str:

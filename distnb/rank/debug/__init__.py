@@ -8,7 +8,9 @@ in the notebook through the kernel (`distnb.rank.debug.ask`):
 - `torch.distributed.breakpoint(rank=N)`: rank N stops at the caller's line *before* the
   barrier, so the other ranks wait at the barrier for it (checked: without a timeout), and
   stepping on starts after the barrier, never inside it;
-- `input()`: the engine kernel's `raw_input`, which ipykernel makes `input` during each cell.
+- `input()` and `getpass.getpass()`: the engine kernel's `raw_input` and `getpass`, which
+  ipykernel makes `input` and `getpass.getpass` during each cell (a password is asked with the
+  frontend's hidden input).
 
 Each cell's start says whether the kernel's frontend can answer (`begin_run`); where it cannot
 (nbconvert, papermill), a breakpoint is skipped with one line saying so. The exception a cell
@@ -31,6 +33,7 @@ from distnb.records.debug import AskKind
 __all__ = [
     "Pdb",
     "ask_input",
+    "ask_password",
     "begin_run",
     "breakpointhook",
     "dist_breakpoint",
@@ -92,6 +95,7 @@ def install(store: Any, rank: int, cell_of: CellOf, shell: Any = None) -> None:
     kernel = getattr(shell, "kernel", None)
     if kernel is not None:  # ipykernel makes `input` its `raw_input` for each cell
         state.patch(kernel, "raw_input", ask_input)
+        state.patch(kernel, "getpass", ask_password)
 
 
 def uninstall() -> None:
@@ -125,10 +129,18 @@ def end_run(error: BaseException | None) -> None:
 
 def ask_input(prompt: str = "") -> str:
     """`input()` on a rank: the line the user types in the notebook."""
+    return _ask(str(prompt), AskKind.INPUT, sys._getframe(1))
+
+
+def ask_password(prompt: str = "Password: ", stream: Any = None, **kwargs: Any) -> str:
+    """`getpass.getpass()` on a rank: typed in the notebook, hidden as it is typed."""
+    return _ask(str(prompt), AskKind.PASSWORD, sys._getframe(1))
+
+
+def _ask(prompt: str, kind: AskKind, frame: FrameType) -> str:
     assert _state is not None
-    frame = sys._getframe(1)
     try:
-        return _state.asker.ask(str(prompt), site(frame, frame.f_lineno, _state.cell_of))
+        return _state.asker.ask(prompt, site(frame, frame.f_lineno, _state.cell_of), kind)
     except NoInput as exc:
         raise EOFError(str(exc)) from None
 

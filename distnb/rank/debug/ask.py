@@ -87,7 +87,7 @@ class Asker:
         return answer
 
     def no_input(self, site: CallSite | None, kind: AskKind) -> str:
-        what = "breakpoint" if kind is AskKind.DEBUGGER else "input()"
+        what = {AskKind.DEBUGGER: "breakpoint", AskKind.INPUT: "input()"}.get(kind, "getpass()")
         where = f" at {site}" if site is not None else ""
         return (
             f"rank {self.rank}: {what}{where} skipped: this frontend takes no input "
