@@ -298,20 +298,14 @@ def test_post_mortem_of_a_mismatch_starts_at_the_users_line(fe: Frontend) -> Non
 
 def test_pdb_on_and_dist_pdb_on_open_the_failed_rank(fe: Frontend) -> None:
     failing = "%%allranks\nq = 5 + rank\nassert rank == 0, 'rank 1 is off'"
-    fe.run("%pdb on")
-    try:
-        reply = fe.run(failing, ["p q", "q"])
-    finally:
-        fe.run("%pdb off")
-    assert reply.prompts == ["[rank 1] (Pdb) "] * 2 and said(reply, 1, "6")
-    assert "RankError" in reply.text
-    fe.run("%dist_pdb on")
-    try:
-        reply = fe.run(failing, ["p q", "q"])
-    finally:
-        fe.run("%dist_pdb off")
-    assert reply.prompts == ["[rank 1] (Pdb) "] * 2 and said(reply, 1, "6")
-    assert reply.content["ename"] == "RankError"
+    for magic in ("%pdb", "%dist_pdb"):
+        fe.run(f"{magic} on")
+        try:
+            reply = fe.run(failing, ["p q", "q"])
+        finally:
+            fe.run(f"{magic} off")
+        assert reply.prompts == ["[rank 1] (Pdb) "] * 2 and said(reply, 1, "6"), magic
+        assert reply.content["ename"] == "RankError" and "RankError" in reply.text
     # the Python equivalents
     fe.run(failing)
     reply = fe.run(
