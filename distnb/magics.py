@@ -151,6 +151,25 @@ class DistMagics(Magics):
             show(view)
 
     @magic_arguments()
+    @argument("names", nargs="+", help="modules, tensors, optimizers, dicts/lists of them")
+    @argument("--grads", action="store_true", help="modules' gradients too")
+    @argument("--buffers", action="store_true", help="modules' buffers too")
+    @argument("--atol", type=float, default=0.0, help="differences up to this count as agreement")
+    @argument("--expect", default="same", help="same (replicas), or differ (each rank's data)")
+    @line_magic
+    def dist_diff(self, line: str) -> None:
+        """Do replicas agree? `%dist_diff model opt [--grads] [--buffers] [--atol X]`:
+        each tensor compared, bit for bit, across the ranks that should hold it identically."""
+        args = _parse(self.dist_diff, line)
+        session = self._running()
+        options = {"grads": args.grads, "buffers": args.buffers, "atol": args.atol}
+        try:
+            view = session.diff(*args.names, expect=args.expect, **options)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        show(view)
+
+    @magic_arguments()
     @argument("names", nargs="*", help="names (or dotted paths) to show; default: every tensor")
     @argument("--all", action="store_true", help="include _private and IPython's own names")
     @line_magic

@@ -18,7 +18,7 @@ from distnb.errors import ConfigError, RankError, SessionError
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure, RankInfo, RankSpec
 from distnb.records.collective import Mismatch
-from distnb.session import automode, data, inspect, resources
+from distnb.session import automode, data, inspect, replicas, resources
 from distnb.session import failures as failing
 from distnb.session.cells import CellRequest, CellResult, CellRun, Referee, assigned_names
 from distnb.session.cluster import Cluster
@@ -183,6 +183,7 @@ class Session:
     overflow_detach = inspect.overflow_detach
     overflow_report = inspect.overflow_report
     timeline = inspect.timeline
+    diff = replicas.diff
 
     def run(
         self,

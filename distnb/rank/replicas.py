@@ -1,0 +1,191 @@
+"""Replica checks on a rank: the tensors named, their replica groups and digests of their bits.
+
+What should be identical across ranks follows from how it was made (see `replica_group`): a DDP
+model's parameters across its process group, a DTensor along the mesh dimensions where its
+placement is `Replicate`, a plain tensor across the world. Digests read a tensor's bits as
+integers, mixed with their position, on the tensor's own device (a sum of values would hide a
+swap, or cancel out), and reach the host in one read per device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distnb.records.replicas import Digest
+
+__all__ = [
+    "digests",
+    "digests_here",
+    "entries",
+    "replica_group",
+    "tensor_values",
+    "values_here",
+]
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Two position-mixed sums modulo 2**64 (odd multipliers): a changed, swapped or shifted element
+# changes them; torch's int64 arithmetic wraps.
+_A1, _B1 = 0x9E3779B97F4A7C15 - 2**64, 0x632BE59BD9B4E019
+_A2, _B2 = 0x94D049BB133111EB - 2**64, 0x2545F4914F6CDD1D
+_CHUNK = 1 << 22  # elements digested at once: bounds the int64 temporaries (32 MiB)
+_VALUES = (int, float, bool, str, type(None))
+
+Entry = tuple[str, Any, tuple[int, ...]]  # name, tensor or plain value, replica group
+
+
+def digests(ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
+    """A `Digest` of every tensor and value under `names` in this rank's namespace."""
+    rank = dist.get_rank()
+    found = list(entries(ns, names, grads, buffers))
+    tensors = [(i, t) for i, (_, t, _) in enumerate(found) if isinstance(t, torch.Tensor)]
+    sums = _bits([t for _, t in tensors])
+    bits = {i: s for (i, _), s in zip(tensors, sums)}
+    out = []
+    for i, (name, obj, group) in enumerate(found):
+        if isinstance(obj, torch.Tensor):
+            shape, dtype = tuple(obj.shape), str(obj.dtype).removeprefix("torch.")
+            nbytes = obj.numel() * obj.element_size()
+            out.append(Digest(name, rank, group, bits[i], shape, dtype, nbytes))
+        else:
+            out.append(Digest(name, rank, group, "", value=repr(obj)))
+    return out
+
+
+def digests_here(names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
+    """`digests` of this rank's namespace (what the kernel calls)."""
+    return digests(_namespace(), names, grads, buffers)
+
+
+def values_here(
+    names: Sequence[str], grads: bool, buffers: bool, wanted: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    return tensor_values(_namespace(), names, grads, buffers, wanted)
+
+
+def _namespace() -> dict[str, Any]:
+    from distnb.rank import runtime
+
+    return runtime._shell.user_ns if runtime._shell is not None else {}
+
+
+def tensor_values(
+    ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool, wanted: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """CPU copies of the tensors among `names` called `wanted` (those whose digests differ)."""
+    want = set(wanted)
+    return {
+        name: obj.detach().to("cpu", copy=True)
+        for name, obj, _ in entries(ns, names, grads, buffers)
+        if name in want and isinstance(obj, torch.Tensor)
+    }
+
+
+def entries(
+    ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool
+) -> Iterator[Entry]:
+    world = tuple(range(dist.get_world_size()))
+    for name in names:
+        head, *rest = name.split(".")
+        if head not in ns:
+            raise NameError(f"this rank has no {head!r}; define it in an %%allranks cell first")
+        obj = ns[head]
+        for part in rest:
+            obj = getattr(obj, part)
+        yield from _walk(name, obj, world, grads, buffers)
+
+
+def _walk(
+    path: str, obj: Any, group: tuple[int, ...], grads: bool, buffers: bool
+) -> Iterator[Entry]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(obj, DistributedDataParallel):
+        group = tuple(dist.get_process_group_ranks(obj.process_group))
+        obj = obj.module
+    if isinstance(obj, nn.Module):
+        for name, p in obj.named_parameters():
+            yield _tensor(f"{path}.{name}", p, group)
+            if grads and p.grad is not None:
+                yield _tensor(f"{path}.{name}.grad", p.grad, group)
+        if buffers:
+            for name, b in obj.named_buffers():
+                yield _tensor(f"{path}.{name}", b, group)
+    elif isinstance(obj, torch.optim.Optimizer):
+        yield from _optimizer(path, obj, group)
+    elif isinstance(obj, torch.Tensor):
+        yield _tensor(path, obj, group)
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _walk(f"{path}[{key!r}]", value, group, grads, buffers)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _walk(f"{path}[{i}]", value, group, grads, buffers)
+    elif isinstance(obj, _VALUES):
+        yield path, obj, group
+    else:
+        raise TypeError(
+            f"{path} is a {type(obj).__name__}: replica checks compare modules, tensors, "
+            "optimizers and dicts or lists of them"
+        )
+
+
+def _optimizer(path: str, opt: torch.optim.Optimizer, group: tuple[int, ...]) -> Iterator[Entry]:
+    """Hyperparameters (`lr`, `betas`...) and the state of each parameter, by its position."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, settings in enumerate(opt.param_groups):
+        for key, value in settings.items():
+            if key != "params":
+                yield from _walk(f"{path}.param_groups[{i}].{key}", value, group, False, False)
+    for i, p in enumerate(params):
+        for key, value in opt.state.get(p, {}).items():
+            yield from _walk(f"{path}.state[{i}].{key}", value, group, False, False)
+
+
+def _tensor(path: str, t: torch.Tensor, group: tuple[int, ...]) -> Entry:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return path, t.to_local().detach(), replica_group(t)
+    return path, t.detach(), group
+
+
+def replica_group(t: Any) -> tuple[int, ...]:
+    """The ranks that hold the same local part of DTensor `t`: those at this rank's coordinates
+    on every mesh dimension where `t` is not `Replicate`."""
+    from torch.distributed.tensor import Replicate
+
+    mesh = t.device_mesh
+    coordinate = mesh.get_coordinate()
+    index = tuple(
+        slice(None) if isinstance(p, Replicate) else coordinate[d]
+        for d, p in enumerate(t.placements)
+    )
+    return tuple(sorted(int(r) for r in mesh.mesh[index].flatten().tolist()))
+
+
+def _bits(tensors: Sequence[torch.Tensor]) -> list[str]:
+    """Each tensor's digest, as 32 hex digits; one read to the host per device."""
+    sums: dict[torch.device, list[torch.Tensor]] = {}
+    order = []
+    for t in tensors:
+        flat = t.reshape(-1)
+        if flat.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        elif flat.is_complex():
+            flat = torch.view_as_real(flat).reshape(-1)
+        bits = flat.contiguous().view(_INT[flat.element_size()])
+        h = torch.zeros(2, dtype=torch.int64, device=t.device)
+        for start in range(0, bits.numel(), _CHUNK):
+            x = bits[start : start + _CHUNK].to(torch.int64) + 1
+            at = torch.arange(start, start + x.numel(), dtype=torch.int64, device=t.device)
+            h[0] += (x * (at * _A1 + _B1)).sum()
+            h[1] += ((x ^ (at * _A2)) * _B2).sum()
+        sums.setdefault(t.device, []).append(h)
+        order.append((t.device, len(sums[t.device]) - 1))
+    read = {device: torch.stack(hs).tolist() for device, hs in sums.items()}
+    return ["".join(f"{v % 2**64:016x}" for v in read[device][i]) for device, i in order]

@@ -1,0 +1,105 @@
+"""The answer to a replica check, as text and as an HTML table.
+
+All agree: one line (how many tensors and bytes were compared, on which ranks). Otherwise one
+row per name that differs: the groups of ranks that agree with each other (`ranks 0,2 | 1,3`),
+the largest absolute and relative difference and where.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distnb.ranklist import format_ranks
+from distnb.records.replicas import Difference, ReplicaReport
+from distnb.views._format import (
+    DIFF_ROW_BG,
+    HEADING_STYLE,
+    Row,
+    format_bytes,
+    html_block,
+    html_table,
+    text_table,
+)
+
+__all__ = ["ReplicaView"]
+
+HEADER = ("name", "ranks that agree", "max |diff|", "max rel", "at")
+
+
+class ReplicaView:
+    """`Session.diff`'s result: `.report` holds the record; shows itself in IPython."""
+
+    def __init__(self, report: ReplicaReport, expect: str = "same", within_atol: int = 0) -> None:
+        self.report = report
+        self.expect = expect
+        self.within_atol = within_atol
+
+    @property
+    def agree(self) -> bool:
+        return self.report.agree
+
+    def summary(self) -> str:
+        r = self.report
+        where = f"on {format_ranks(r.ranks)}"
+        size = f"{r.compared} tensors and values ({format_bytes(r.nbytes)})"
+        notes = []
+        if r.alone:
+            notes.append(f"{r.alone} sharded, with no replica to compare")
+        if self.within_atol:
+            notes.append(f"{self.within_atol} differ within atol")
+        tail = f"; {', '.join(notes)}" if notes else ""
+        if self.expect == "differ":
+            if not r.differences:
+                return f"replicas differ as expected: {size} compared {where}{tail}"
+            return (
+                f"identical where they should differ: {len(r.differences)} of {r.compared} "
+                f"{where} (each rank's data should be its own: a DistributedSampler?){tail}"
+            )
+        if r.agree:
+            if not r.compared:
+                return f"nothing to compare {where}: every tensor is sharded (no replicas)"
+            return f"replicas agree: {size} compared {where}{tail}"
+        return f"replicas differ: {len(r.differences)} of {size} {where}{tail}"
+
+    def rows(self) -> list[list[str]]:
+        out = [_row(d) for d in self.report.differences]
+        for name, lacking in self.report.missing:
+            out.append([name, f"missing on {format_ranks(lacking)}", "", "", ""])
+        return out
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        return self.summary() + ("\n" + text_table(HEADER, rows) if rows else "")
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def widget(self) -> Any:
+        """An `ipywidgets.VBox`: a name filter above the table."""
+        import ipywidgets as w  # views are the only place ipywidgets is imported, lazily
+
+        pattern = w.Text(placeholder="filter names (substring)", description="name")
+        out = w.HTML(self._repr_html_())
+
+        def refresh(_: object = None) -> None:
+            out.value = self._repr_html_(pattern.value)
+
+        pattern.observe(refresh, names="value")
+        return w.VBox([pattern, out])
+
+    def _repr_html_(self, only: str = "") -> str:
+        rows = [r for r in self.rows() if only in r[0]]
+        table = html_table(HEADER, [Row(r, DIFF_ROW_BG, "differs") for r in rows]) if rows else ""
+        return html_block(self.summary(), HEADING_STYLE, bold=bool(rows)) + table
+
+
+def _row(d: Difference) -> list[str]:
+    agree = " | ".join(",".join(map(str, g)) for g in d.agree)
+    if d.values:
+        agree = " | ".join(f"{','.join(map(str, g))}: {v}" for g, v in zip(d.agree, d.values))
+    if d.max_abs is None:
+        return [d.name, agree, "", "", ""]
+    return [d.name, agree, f"{d.max_abs:.3g}", f"{d.max_rel:.3g}", str(list(d.index))]

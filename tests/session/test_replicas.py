@@ -1,0 +1,120 @@
+"""Replica checks on real ranks: drift that crashes nothing, found by name, ranks and size."""
+
+from __future__ import annotations
+
+import pytest
+
+from distnb.session import Session
+
+pytestmark = pytest.mark.cluster
+
+DDP_MODEL = """\
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+ddp = DDP(net, broadcast_buffers=False)
+opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+torch.manual_seed(rank)  # each rank's own batches
+for _ in range(2):
+    opt.zero_grad()
+    ddp(torch.randn(16, 4)).sum().backward()
+    opt.step()
+"""
+
+
+def test_replicas_that_agree_say_so_in_one_line(session: Session) -> None:
+    session.run(DDP_MODEL)
+    view = session.diff("ddp", "opt", grads=True)
+    assert view.agree, str(view)
+    n = 6 * 3 + 2  # parameters, their grads, Adam's step/exp_avg/exp_avg_sq; lr, betas...
+    assert str(view).startswith("replicas agree: ") and "on ranks 0-1" in str(view)
+    assert view.report.compared >= n
+
+
+def test_a_parameter_changed_on_one_rank_is_named_with_its_size(session: Session) -> None:
+    session.run(DDP_MODEL)
+    session.run("with torch.no_grad():\n    if rank == 1:\n        net[2].weight[0, 3] += 0.25")
+    view = session.diff("ddp")
+    text = str(view)
+    assert not view.agree and text.startswith("replicas differ: 1 of ")
+    (d,) = view.report.differences
+    assert d.name == "ddp.2.weight" and d.agree == ((0,), (1,))
+    assert d.max_abs == pytest.approx(0.25) and d.index == (0, 3)
+    assert "ddp.2.weight  0 | 1" in text
+
+
+def test_buffers_that_drift_without_broadcast(session: Session) -> None:
+    session.run(DDP_MODEL)  # BatchNorm running stats: each rank's own batches, not broadcast
+    assert session.diff("ddp").agree
+    view = session.diff("ddp", buffers=True)
+    names = {d.name for d in view.report.differences}
+    assert {"ddp.1.running_mean", "ddp.1.running_var"} <= names
+
+
+def test_a_per_rank_learning_rate(session: Session) -> None:
+    session.run(DDP_MODEL + "opt.param_groups[0]['lr'] = 0.01 * (rank + 1)\n")
+    (d,) = [d for d in session.diff("opt").report.differences if d.name.endswith(".lr")]
+    assert d.name == "opt.param_groups[0].lr" and d.values == ("0.01", "0.02")
+    assert "0: 0.01 | 1: 0.02" in str(session.diff("opt"))
+
+
+def test_bits_not_values_a_swap_and_a_nan(session: Session) -> None:
+    session.run(
+        "a = torch.arange(6.0)\n"
+        "if rank == 1:\n    a[[1, 2]] = a[[2, 1]]\n"  # the same sum, another order
+        "b = torch.zeros(3)\nif rank == 1:\n    b[2] = float('nan')\n"
+        "batch = {'x': torch.ones(2, 2), 'ids': [torch.arange(3)]}"
+    )
+    view = session.diff("a", "b", "batch")
+    found = {d.name: d for d in view.report.differences}
+    assert set(found) == {"a", "b"}
+    assert found["a"].max_abs == 1.0
+    assert found["b"].max_abs == float("inf") and found["b"].index == (2,)
+
+
+def test_data_that_should_differ_by_rank(session: Session) -> None:
+    session.run("same = torch.ones(4)\nown = torch.full((4,), float(rank))")
+    view = session.diff("same", "own", expect="differ")
+    assert [d.name for d in view.report.differences] == ["same"]
+    assert "identical where they should differ: 1 of 2" in str(view)
+
+
+def test_names_a_rank_lacks_and_bad_input(session: Session) -> None:
+    from distnb.errors import ConfigError
+
+    session.run("extra = {'w': torch.ones(2)} if rank == 0 else {}")
+    view = session.diff("extra")
+    assert view.report.missing == (("extra['w']", (1,)),)
+    with pytest.raises(ConfigError, match="--atol"):
+        session.diff("extra", atol=-1)
+    with pytest.raises(ConfigError, match=r"this rank has no 'nothing_here'.*\(ranks 0-1\)"):
+        session.diff("nothing_here")
+    with pytest.raises(ConfigError, match=r"extra\.keys is a builtin_function_or_method"):
+        session.diff("extra.keys")
+
+
+def test_a_sharded_dtensor_has_nothing_to_compare(session: Session) -> None:
+    session.run(
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.tensor import distribute_tensor, Shard, Replicate\n"
+        "mesh = init_device_mesh('cpu', (2,))\n"
+        "torch.manual_seed(0)\n"
+        "sharded = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)])\n"
+        "copied = distribute_tensor(torch.randn(4, 4), mesh, [Replicate()])"
+    )
+    view = session.diff("sharded")
+    assert view.agree and view.report.alone == 1 and "nothing to compare" in str(view)
+    assert session.diff("copied").report.compared == 1
+    session.run("if rank == 1:\n    copied.to_local()[0, 0] += 1")
+    (d,) = session.diff("copied").report.differences
+    assert d.agree == ((0,), (1,)) and d.max_abs == pytest.approx(1.0)
+
+
+def test_the_magic_shows_the_same(session: Session, shell: object) -> None:
+    from IPython.utils.capture import capture_output
+
+    session.run("v = torch.ones(3) * (1 if rank == 0 else 2)")
+    with capture_output() as out:
+        shell.run_line_magic("dist_diff", "v")  # type: ignore[attr-defined]
+    assert "replicas differ: 1 of 1" in out.stdout + str(out.outputs[0].data)
