@@ -27,12 +27,10 @@ __all__ = [
     "values_here",
 ]
 
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# Two position-mixed sums modulo 2**64 (odd multipliers): a changed, swapped or shifted element
-# changes them; torch's int64 arithmetic wraps.
-_A1, _B1 = 0x9E3779B97F4A7C15 - 2**64, 0x632BE59BD9B4E019
-_A2, _B2 = 0x94D049BB133111EB - 2**64, 0x2545F4914F6CDD1D
-_CHUNK = 1 << 22  # elements digested at once: bounds the int64 temporaries (32 MiB)
+# The position weights (`i * A + B`, odd) and the chunks' multiplier; int64 arithmetic wraps.
+_A, _B = 0x9E3779B97F4A7C15 - 2**64, 0x632BE59BD9B4E019
+_M = 0x2545F4914F6CDD1D
+_CHUNK = 1 << 22  # words weighted at once: the weights' size (32 MiB a device)
 _VALUES = (int, float, bool, str, type(None))
 
 Entry = tuple[str, Any, tuple[int, ...]]  # name, tensor or plain value, replica group
@@ -169,23 +167,57 @@ def replica_group(t: Any) -> tuple[int, ...]:
 
 
 def _bits(tensors: Sequence[torch.Tensor]) -> list[str]:
-    """Each tensor's digest, as 32 hex digits; one read to the host per device."""
+    """Each tensor's digest, as 16 hex digits; one read to the host per device."""
     sums: dict[torch.device, list[torch.Tensor]] = {}
     order = []
     for t in tensors:
-        flat = t.reshape(-1)
-        if flat.dtype == torch.bool:
-            flat = flat.to(torch.uint8)
-        elif flat.is_complex():
-            flat = torch.view_as_real(flat).reshape(-1)
-        bits = flat.contiguous().view(_INT[flat.element_size()])
-        h = torch.zeros(2, dtype=torch.int64, device=t.device)
-        for start in range(0, bits.numel(), _CHUNK):
-            x = bits[start : start + _CHUNK].to(torch.int64) + 1
-            at = torch.arange(start, start + x.numel(), dtype=torch.int64, device=t.device)
-            h[0] += (x * (at * _A1 + _B1)).sum()
-            h[1] += ((x ^ (at * _A2)) * _B2).sum()
-        sums.setdefault(t.device, []).append(h)
+        sums.setdefault(t.device, []).append(_digest(_words(t)))
         order.append((t.device, len(sums[t.device]) - 1))
     read = {device: torch.stack(hs).tolist() for device, hs in sums.items()}
-    return ["".join(f"{v % 2**64:016x}" for v in read[device][i]) for device, i in order]
+    return [f"{read[device][i] % 2**64:016x}" for device, i in order]
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as int64 words, without a copy where its memory allows (the last
+    0-7 bytes, if any, as words of their own)."""
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    elif flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    raw = flat.contiguous().view(torch.uint8)
+    whole = raw.numel() // 8 * 8
+    if raw.storage_offset() % 8:  # a view at an odd place in its storage: realign
+        raw = raw.clone()
+    words = raw[:whole].view(torch.int64)
+    if whole == raw.numel():
+        return words
+    return torch.cat([words, raw[whole:].to(torch.int64)])
+
+
+def _digest(words: torch.Tensor) -> torch.Tensor:
+    """One pass: the words weighted by their position in their chunk (`i * A + B`, odd), the
+    chunks' sums mixed as a polynomial in `M`, all modulo 2**64. A changed word changes it (its
+    weight is odd), and so does a swapped or shifted one (its weight is another)."""
+    weights = _weights(words.device)
+    h = torch.zeros((), dtype=torch.int64, device=words.device)
+    for start in range(0, words.numel(), _CHUNK):
+        chunk = words[start : start + _CHUNK]
+        h = h * _M + _dot(chunk, weights[: chunk.numel()])
+    return h
+
+
+def _dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "cpu":
+        return torch.dot(x, w)  # one pass, no temporary
+    return (x * w).sum()  # CUDA has no integer dot
+
+
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _weights(device: torch.device) -> torch.Tensor:
+    if device not in _WEIGHTS:
+        at = torch.arange(_CHUNK, dtype=torch.int64, device=device)
+        _WEIGHTS[device] = at * _A + _B
+    return _WEIGHTS[device]
