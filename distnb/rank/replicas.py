@@ -18,14 +18,7 @@ from torch import nn
 
 from distnb.records.replicas import Digest
 
-__all__ = [
-    "digests",
-    "digests_here",
-    "entries",
-    "replica_group",
-    "tensor_values",
-    "values_here",
-]
+__all__ = ["digests", "entries", "replica_group", "tensor_values"]
 
 # The position weights (`i * A + B`, odd) and the chunks' multiplier; int64 arithmetic wraps.
 _A, _B = 0x9E3779B97F4A7C15 - 2**64, 0x632BE59BD9B4E019
@@ -36,10 +29,10 @@ _VALUES = (int, float, bool, str, type(None))
 Entry = tuple[str, Any, tuple[int, ...]]  # name, tensor or plain value, replica group
 
 
-def digests(ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
+def digests(names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
     """A `Digest` of every tensor and value under `names` in this rank's namespace."""
     rank = dist.get_rank()
-    found = list(entries(ns, names, grads, buffers))
+    found = list(entries(names, grads, buffers))
     tensors = [(i, t) for i, (_, t, _) in enumerate(found) if isinstance(t, torch.Tensor)]
     sums = _bits([t for _, t in tensors])
     bits = {i: s for (i, _), s in zip(tensors, sums)}
@@ -54,47 +47,25 @@ def digests(ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool
     return out
 
 
-def digests_here(names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
-    """`digests` of this rank's namespace (what the kernel calls)."""
-    return digests(_namespace(), names, grads, buffers)
-
-
-def values_here(
-    names: Sequence[str], grads: bool, buffers: bool, wanted: Sequence[str]
-) -> dict[str, torch.Tensor]:
-    return tensor_values(_namespace(), names, grads, buffers, wanted)
-
-
-def _namespace() -> dict[str, Any]:
-    from distnb.rank import runtime
-
-    return runtime._shell.user_ns if runtime._shell is not None else {}
-
-
 def tensor_values(
-    ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool, wanted: Sequence[str]
+    names: Sequence[str], grads: bool, buffers: bool, wanted: Sequence[str]
 ) -> dict[str, torch.Tensor]:
     """CPU copies of the tensors among `names` called `wanted` (those whose digests differ)."""
     want = set(wanted)
     return {
         name: obj.detach().to("cpu", copy=True)
-        for name, obj, _ in entries(ns, names, grads, buffers)
+        for name, obj, _ in entries(names, grads, buffers)
         if name in want and isinstance(obj, torch.Tensor)
     }
 
 
-def entries(
-    ns: dict[str, Any], names: Sequence[str], grads: bool, buffers: bool
-) -> Iterator[Entry]:
+def entries(names: Sequence[str], grads: bool, buffers: bool) -> Iterator[Entry]:
+    """Every tensor and value under `names` (looked up as `%dist_shapes` does), with its group."""
+    from distnb.rank.runtime import _lookup
+
     world = tuple(range(dist.get_world_size()))
     for name in names:
-        head, *rest = name.split(".")
-        if head not in ns:
-            raise NameError(f"this rank has no {head!r}; define it in an %%allranks cell first")
-        obj = ns[head]
-        for part in rest:
-            obj = getattr(obj, part)
-        yield from _walk(name, obj, world, grads, buffers)
+        yield from _walk(name, _lookup(name), world, grads, buffers)
 
 
 def _walk(

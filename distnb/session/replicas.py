@@ -51,7 +51,7 @@ def diff(
         raise ConfigError(f"--atol is a tolerance of 0 or more, not {atol}")
     spec = (list(names), grads, buffers)
     try:
-        per_rank = session.call(replicas.digests_here, *spec, ranks=ranks)
+        per_rank = session.call(replicas.digests, *spec, ranks=ranks)
     except RankError as err:  # a name a rank lacks, an object it cannot compare
         failed = format_ranks(f.rank for f in err.failures)
         raise ConfigError(f"{err.failures[0].evalue} ({failed})") from None
@@ -79,7 +79,7 @@ def _size(
     if d.values:  # a plain value: the values are the answer
         return d
     firsts = [group[0] for group in d.agree]
-    got = session.call(replicas.values_here, *spec, [d.name], ranks=firsts)
+    got = session.call(replicas.tensor_values, *spec, [d.name], ranks=firsts)
     tensors = [found.get(d.name) for found in got]
     ref = tensors[0]
     best: tuple[float, float, tuple[int, ...]] = (-1.0, 0.0, ())
