@@ -76,10 +76,7 @@ class DistMagics(Magics):
             return
         ranks, processes = len(self.session.ranks), len(self.session.pids())
         self.session.stop()
-        print(
-            f"distnb: stopped {ranks} ranks and the controller ({processes} processes); "
-            "nothing is left running. %dist_start starts a new cluster."
-        )
+        print(f"distnb: stopped {ranks} ranks and the controller ({processes} processes)")
 
     @magic_arguments()
     @argument("rank", nargs="?", type=str, default=None, help="the rank (default: first failed)")
@@ -87,12 +84,11 @@ class DistMagics(Magics):
     def dist_debug(self, line: str) -> None:
         """Post-mortem: `%dist_debug [RANK]` opens the debugger where the last cell failed on
         RANK (default: the first rank that failed), with that frame's locals."""
-        args = _parse(self.dist_debug, line)
-        session = self._running()
-        if args.rank is not None and not args.rank.isdigit():
-            raise UsageError(f"RANK is a rank's number, not {args.rank!r}: e.g. %dist_debug 1")
+        rank = _parse(self.dist_debug, line).rank
+        if rank is not None and not rank.isdigit():
+            raise UsageError(f"RANK is a rank's number, not {rank!r}: e.g. %dist_debug 1")
         try:
-            session.debug(int(args.rank) if args.rank is not None else None)
+            self._running().debug(int(rank) if rank is not None else None)
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
 
@@ -156,18 +152,28 @@ class DistMagics(Magics):
     @argument("--buffers", action="store_true", help="modules' buffers too")
     @argument("--atol", type=float, default=0.0, help="differences up to this count as agreement")
     @argument("--expect", default="same", help="same (replicas), or differ (each rank's data)")
+    @argument("--watch", action="store_true", help="record a module's digests as it trains")
+    @argument("--every", type=int, default=1, help="--watch every N-th step")
+    @argument("--optim", default=None, help="--watch this optimizer too; its steps count")
+    @argument("--report", action="store_true", help="the first step the watched replicas differed")
+    @argument("--stop", action="store_true", help="remove the watch")
     @line_magic
     def dist_diff(self, line: str) -> None:
-        """Do replicas agree? `%dist_diff model opt [--grads] [--buffers] [--atol X]`:
-        each tensor compared, bit for bit, across the ranks that should hold it identically."""
+        """Do replicas agree? `%dist_diff model opt [--grads] [--buffers] [--atol X]`: each
+        tensor compared, bit for bit, across the ranks that should hold it identically.
+        `%dist_diff model --watch [--every N] [--optim opt]`, `--report`, `--stop`: when?"""
         args = _parse(self.dist_diff, line)
-        session = self._running()
+        session, name = self._running(), args.names[0]
         options = {"grads": args.grads, "buffers": args.buffers, "atol": args.atol}
         try:
-            view = session.diff(*args.names, expect=args.expect, **options)
+            if args.watch:
+                return session.diff_watch(name, every=args.every, optim=args.optim)
+            if args.stop:
+                return session.diff_stop(name)
+            view = session.diff_report(name) if args.report else None
+            show(view or session.diff(*args.names, expect=args.expect, **options))
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        show(view)
 
     @magic_arguments()
     @argument("names", nargs="*", help="names (or dotted paths) to show; default: every tensor")

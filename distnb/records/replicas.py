@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from distnb.records.codec import Record
 
-__all__ = ["Difference", "Digest", "ReplicaReport", "compare"]
+__all__ = ["Difference", "Digest", "ReplicaReport", "WatchReport", "compare", "first_divergence"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,32 @@ class ReplicaReport(Record):
     @property
     def agree(self) -> bool:
         return not self.differences and not self.missing
+
+
+@dataclass(frozen=True, slots=True)
+class WatchReport(Record):
+    """What a watch saw: the steps it checked on every rank, and the first step at which replicas
+    differed (None: they agreed throughout), with what differed then."""
+
+    name: str
+    ranks: tuple[int, ...]
+    steps: tuple[int, ...]
+    first: int | None = None
+    differences: tuple[Difference, ...] = ()
+
+
+def first_divergence(
+    name: str, ranks: Sequence[int], history: Sequence[Sequence[tuple[int, Sequence[Digest]]]]
+) -> WatchReport:
+    """`history[i]`: rank `ranks[i]`'s (step, digests) records; steps every rank recorded are
+    compared in order until one differs."""
+    by_step = [dict((step, found) for step, found in records) for records in history]
+    common = sorted(set.intersection(*(set(s) for s in by_step))) if by_step else []
+    for step in common:
+        differences, _, _, _ = compare([d for s in by_step for d in s[step]], ranks)
+        if differences:
+            return WatchReport(name, tuple(ranks), tuple(common), step, tuple(differences))
+    return WatchReport(name, tuple(ranks), tuple(common))
 
 
 def compare(

@@ -184,6 +184,9 @@ class Session:
     overflow_report = inspect.overflow_report
     timeline = inspect.timeline
     diff = replicas.diff
+    diff_watch = replicas.diff_watch
+    diff_report = replicas.diff_report
+    diff_stop = replicas.diff_stop
 
     def run(
         self,
@@ -281,12 +284,8 @@ class Session:
 
     def debug(self, rank: int | None = None) -> None:
         """Open the debugger at the failing frame of `rank` (default: the first rank that failed)
-        in the last run, with that frame's locals; the rank keeps its traceback until its next
-        cell. `%dist_debug [RANK]`; `session.pdb = True` (`%dist_pdb on`) does it on every failure.
-
-        >>> s.run("x = torch.ones(2) / 0 if rank == 1 else None\nassert rank != 1")
-        RankError: ...
-        >>> s.debug()          # (Pdb) p x, ...
+        in the last run, with that frame's locals (`%dist_debug [RANK]`); `session.pdb = True`
+        (`%dist_pdb on`) does it on every failure. A rank keeps its traceback until its next cell.
         """
         from distnb.session.postmortem import post_mortem_request
 

@@ -18,9 +18,9 @@ from distnb.records.replicas import Difference, ReplicaReport, compare
 
 if TYPE_CHECKING:
     from distnb.session import Session
-    from distnb.views.replicas import ReplicaView
+    from distnb.views.replicas import ReplicaView, WatchView
 
-__all__ = ["diff"]
+__all__ = ["diff", "diff_report", "diff_stop", "diff_watch"]
 
 
 def diff(
@@ -66,6 +66,44 @@ def diff(
         expect,
         within_atol=len(sized) - len(kept),
     )
+
+
+def diff_watch(session: Session, name: str, every: int = 1, optim: str | None = None) -> None:
+    """Record the digests of module `name` (and optimizer `optim`'s state) on every rank every
+    `every` steps: before each forward, or after each `optim.step()` when given. Nothing moves
+    between ranks while they train; `diff_report` finds the first step that differed.
+
+    >>> s.diff_watch("model", optim="opt")      # %dist_diff model --watch --optim opt
+    """
+    from distnb.rank.replicas import watch
+
+    if every < 1:
+        raise ConfigError(f"--every is a number of steps, 1 or more, not {every}")
+    try:
+        session.call(watch.start, name, every, optim)
+    except RankError as err:
+        raise ConfigError(f"{err.failures[0].evalue}") from None
+
+
+def diff_report(session: Session, name: str) -> WatchView:
+    """The first step at which the watched replicas of `name` differed, and what differed."""
+    from distnb.rank.replicas import watch
+    from distnb.records.replicas import first_divergence
+    from distnb.views.replicas import WatchView
+
+    try:
+        history = session.call(watch.history, name)
+    except RankError as err:
+        raise ConfigError(f"{err.failures[0].evalue}") from None
+    return WatchView(first_divergence(name, [r.rank for r in session.ranks], history))
+
+
+def diff_stop(session: Session, name: str) -> None:
+    """Remove the watch on `name` from every rank."""
+    from distnb.rank.replicas import watch
+
+    if not any(session.call(watch.stop, name)):
+        raise ConfigError(f"nothing watches {name!r}: %dist_diff {name} --watch starts a watch")
 
 
 def _size(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from distnb.ranklist import format_ranks
-from distnb.records.replicas import Difference, ReplicaReport
+from distnb.records.replicas import Difference, ReplicaReport, WatchReport
 from distnb.views._format import (
     DIFF_ROW_BG,
     HEADING_STYLE,
@@ -21,7 +21,7 @@ from distnb.views._format import (
     text_table,
 )
 
-__all__ = ["ReplicaView"]
+__all__ = ["ReplicaView", "WatchView"]
 
 HEADER = ("name", "ranks that agree", "max |diff|", "max rel", "at")
 
@@ -93,6 +93,46 @@ class ReplicaView:
     def _repr_html_(self, only: str = "") -> str:
         rows = [r for r in self.rows() if only in r[0]]
         table = html_table(HEADER, [Row(r, DIFF_ROW_BG, "differs") for r in rows]) if rows else ""
+        return html_block(self.summary(), HEADING_STYLE, bold=bool(rows)) + table
+
+
+class WatchView:
+    """What a replica watch saw (`Session.diff_report`): `.report` holds the record."""
+
+    def __init__(self, report: WatchReport) -> None:
+        self.report = report
+
+    def summary(self) -> str:
+        r = self.report
+        where = f"on {format_ranks(r.ranks)}"
+        if not r.steps:
+            return f"{r.name}: no step watched yet {where}"
+        span = f"{len(r.steps)} steps watched ({r.steps[0]}-{r.steps[-1]})"
+        if r.first is None:
+            return f"replicas of {r.name} agree at all {span} {where}"
+        return (
+            f"replicas of {r.name} first differ at step {r.first} ({span} {where}): "
+            f"{', '.join(d.name for d in r.differences)}"
+        )
+
+    def __str__(self) -> str:
+        rows = [_row(d)[:2] for d in self.report.differences]
+        return self.summary() + ("\n" + text_table(HEADER[:2], rows) if rows else "")
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def widget(self) -> Any:
+        import ipywidgets as w  # views are the only place ipywidgets is imported, lazily
+
+        return w.HTML(self._repr_html_())
+
+    def _repr_html_(self) -> str:
+        rows = [Row(_row(d)[:2], DIFF_ROW_BG, "differs") for d in self.report.differences]
+        table = html_table(HEADER[:2], rows) if rows else ""
         return html_block(self.summary(), HEADING_STYLE, bold=bool(rows)) + table
 
 

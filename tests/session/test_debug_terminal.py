@@ -28,7 +28,7 @@ def ipython() -> Iterator[Any]:
     yield child
     if child.isalive():
         child.sendline("%dist_stop")
-        child.expect("nothing is left running")
+        child.expect("stopped 2 ranks and the controller")
         child.sendline("exit")
         child.expect(pexpect.EOF)
     child.close(force=True)

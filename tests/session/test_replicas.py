@@ -118,3 +118,43 @@ def test_the_magic_shows_the_same(session: Session, shell: object) -> None:
     with capture_output() as out:
         shell.run_line_magic("dist_diff", "v")  # type: ignore[attr-defined]
     assert "replicas differ: 1 of 1" in out.stdout + str(out.outputs[0].data)
+
+
+TRAIN = """\
+for step in range(6):
+    opt.zero_grad()
+    ddp(torch.randn(16, 4)).sum().backward()
+    opt.step()
+    if step == 3 and rank == 1:  # a parameter changed outside DDP, on one rank
+        with torch.no_grad():
+            net[0].bias[0] += 1.0
+"""
+
+
+def test_a_watch_names_the_first_step_replicas_differed(session: Session, shell: object) -> None:
+    from IPython.utils.capture import capture_output
+
+    from distnb.errors import ConfigError
+
+    session.run(DDP_MODEL)
+    session.diff_watch("ddp", optim="opt")  # steps: opt.step(), digests after each
+    session.run(TRAIN)
+    report = session.diff_report("ddp").report
+    assert report.steps == (1, 2, 3, 4, 5, 6) and report.first == 5
+    assert [(d.name, d.agree) for d in report.differences] == [("ddp.0.bias", ((0,), (1,)))]
+    with capture_output() as out:
+        shell.run_line_magic("dist_diff", "ddp --report")  # type: ignore[attr-defined]
+    assert "replicas of ddp first differ at step 5 (6 steps watched (1-6) on ranks 0-1)" in (
+        str(out.outputs[0].data)
+    )
+    session.diff_stop("ddp")
+    with pytest.raises(ConfigError, match="nothing watches 'ddp'"):
+        session.diff_report("ddp")
+    # every 2nd forward of the module, replicas that stay together
+    session.run(DDP_MODEL)
+    shell.run_line_magic("dist_diff", "ddp --watch --every 2")  # type: ignore[attr-defined]
+    session.run(TRAIN.replace("step == 3", "step == 99"))
+    view = session.diff_report("ddp")
+    assert view.report.steps == (1, 3, 5) and view.report.first is None
+    assert str(view).startswith("replicas of ddp agree at all 3 steps watched")
+    session.diff_stop("ddp")
