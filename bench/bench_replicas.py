@@ -26,6 +26,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,42 +68,49 @@ steps(2)
 """
 
 
+def interleaved(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Each variant's time in every round, the order rotating so that each goes first in turn."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            started = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - started)
+    return times
+
+
+def table(times: dict[str, list[float]], base: str, unit: str, scale: float) -> None:
+    """Median time (in `unit`: seconds times `scale`) and median ratio to `base`, with its CI."""
+    print(f"{'variant':<14} {unit:>9}  vs {base} [95% CI]")
+    for name, values in times.items():
+        ratios = [t / b for t, b in zip(values, times[base])]
+        low, high = median_ci(ratios)
+        print(
+            f"{name:<14} {statistics.median(values) * scale:>9.3f}  "
+            f"{statistics.median(ratios):.3f}x [{low:.3f}-{high:.3f}]"
+        )
+
+
 def bench_watch(rounds: int) -> None:
     with distnb.start(2, progress=False) as s:
         s.run(WATCH_SETUP)
 
-        def watched(optim: str | None) -> Any:
-            def run() -> float:
+        def watched(optim: str | None) -> Callable[[], None]:
+            def run() -> None:  # setting the watch up and removing it count too (ms)
                 s.diff_watch("ddp", optim=optim)
-                started = time.perf_counter()
                 s.run("steps()")
-                elapsed = time.perf_counter() - started
                 s.diff_stop("ddp")
-                return elapsed
 
             return run
 
-        def plain() -> float:
-            started = time.perf_counter()
+        def plain() -> None:
             s.run("steps()")
-            return time.perf_counter() - started
 
         variants = {"unwatched": plain, "watched": watched(None), "watched+optim": watched("opt")}
-        variants["again"] = plain
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        names = list(variants)
-        for r in range(rounds):
-            for name in names[r % 4 :] + names[: r % 4]:
-                times[name].append(variants[name]())
+        times = interleaved({**variants, "again": plain}, rounds)
     print(f"# DDP 10M MLP, Adam, 2 ranks: cells of 5 steps, {rounds} rounds")
-    print(f"{'variant':<14} {'ms/step':>8}  vs unwatched [95% CI]")
-    for name in names:
-        ratios = [t / u for t, u in zip(times[name], times["unwatched"])]
-        low, high = median_ci(ratios)
-        print(
-            f"{name:<14} {statistics.median(times[name]) / 5 * 1e3:>8.1f}  "
-            f"{statistics.median(ratios):.3f}x [{low:.3f}-{high:.3f}]"
-        )
+    table(times, "unwatched", "ms/step", 1e3 / 5)
 
 
 def main() -> None:
@@ -117,28 +125,15 @@ def main() -> None:
     with distnb.start(2, progress=False) as s:
         s.run(SETUP.format(width=args.width, layers=args.layers))
         params = s.run("sum(p.numel() for p in model.parameters())").result(0)
+        assert s.diff("model", grads=True).agree
         variants = {
             "floor": lambda: s.run(FLOOR),
             "distnb": lambda: s.diff("model", grads=True),
             "megatron": lambda: s.run(MEGATRON),
         }
-        assert s.diff("model", grads=True).agree
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        names = list(variants)
-        for r in range(args.rounds):
-            for name in names[r % 3 :] + names[: r % 3]:
-                started = time.perf_counter()
-                variants[name]()
-                times[name].append(time.perf_counter() - started)
+        times = interleaved(variants, args.rounds)
     print(f"# {params} parameters + their gradients on 2 ranks, {args.rounds} rounds")
-    print(f"{'variant':<10} {'median s':>9}  vs floor [95% CI]")
-    for name in names:
-        ratios = [t / f for t, f in zip(times[name], times["floor"])]
-        low, high = median_ci(ratios)
-        print(
-            f"{name:<10} {statistics.median(times[name]):>9.3f}  "
-            f"{statistics.median(ratios):.2f}x [{low:.2f}-{high:.2f}]"
-        )
+    table(times, "floor", "median s", 1.0)
 
 
 if __name__ == "__main__":

@@ -268,11 +268,8 @@ class Session:
     def _execute(self, request: CellRequest) -> CellResult:
         """Run a cell or a script; its ranks' failures raised as one error."""
         __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
-        assert self._cluster is not None and self._control is not None
-        cluster, control = self._cluster, self._control
-        run = CellRun(cluster, control, request, self.referee, self._on_death, self.oom)
         self._failed = None
-        result = run.start().wait()
+        result = self._run(request)
         if result.failures:
             error = self._cell_error(request.where, result)
             self._failed = error
@@ -292,18 +289,16 @@ class Session:
         self._require_running(notice=True)
         request = post_mortem_request(self._failed, rank, self.ranks, self._cell_number())
         self._runs += 1
-        assert self._cluster is not None and self._control is not None
-        run = CellRun(
-            self._cluster,
-            self._control,
-            replace(request, run_id=self._runs),
-            self.referee,
-            self._on_death,
-            self.oom,
-        )
-        result = run.start().wait()
+        result = self._run(replace(request, run_id=self._runs))
         if result.failures:
             raise failing.cell_error(request.where, result.failures)
+
+    def _run(self, request: CellRequest) -> CellResult:
+        """Send a run to its ranks and wait for it (output, prompts, timeouts, Ctrl-C)."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        assert self._cluster is not None and self._control is not None
+        run = CellRun(self._cluster, self._control, request, self.referee, self._on_death, self.oom)
+        return run.start().wait()
 
     def debugs(self, error: BaseException | None) -> bool:
         """Whether `debug()` can open `error`'s ranks (it is the last run's, and it failed)."""

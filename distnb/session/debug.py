@@ -20,7 +20,6 @@ import getpass
 import re
 import sys
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 from distnb.records.cell import RankState
@@ -66,12 +65,11 @@ def frontend_stdin() -> bool:
 class Desk:
     """Serves the prompts of one run's ranks (see the module's docstring)."""
 
-    def __init__(self, control: ControlPlane, run_id: int, ask: Callable[[str], str] | None = None):
+    def __init__(self, control: ControlPlane, run_id: int):
         self.control = control
         self.run_id = run_id
         self.pending: dict[int, InputRequest] = {}
         self.current: int | None = None  # the rank whose prompt the user answers
-        self._ask = ask
         self._runs_on = True  # the last answer let the current rank run on
         self._no_stdin = False
 
@@ -83,8 +81,6 @@ class Desk:
         start = time.monotonic()
         while self.pending:
             rank = self._next_rank()
-            if rank is None:
-                break
             request = self.pending.pop(rank)
             self._show_up_to(run, request)
             answer = self._answer(run, request)
@@ -106,17 +102,15 @@ class Desk:
             else:  # left over from a run that ended while it asked: that rank has moved on
                 self.control.answer(request.n, QUIT)
 
-    def _next_rank(self) -> int | None:
-        """The rank at hand while it steps; else the lowest stopped rank."""
+    def _next_rank(self) -> int:
+        """The rank at hand while it steps; else the lowest stopped rank (one is pending)."""
         current = self.current
         if current is not None and current not in self.pending and not self._runs_on:
             deadline = time.monotonic() + STEP_GRACE_S
             while current not in self.pending and time.monotonic() < deadline:
                 time.sleep(0.005)
                 self._collect()
-        if current is not None and current in self.pending:
-            return current
-        return min(self.pending) if self.pending else None
+        return current if current is not None and current in self.pending else min(self.pending)
 
     # --- asking ------------------------------------------------------------------------------
 
@@ -168,8 +162,6 @@ class Desk:
             print(f"distnb: rank {other} is not stopped; {self._where_ranks(run, request)}")
 
     def _input(self, prompt: str, kind: AskKind) -> str:
-        if self._ask is not None:
-            return self._ask(prompt)
         if kind is AskKind.PASSWORD:
             return getpass.getpass(prompt)  # ipykernel's: the frontend hides what is typed
         return builtins.input(prompt)

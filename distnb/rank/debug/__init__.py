@@ -25,7 +25,6 @@ import sys
 from types import FrameType
 from typing import Any
 
-from distnb.errors import DebuggerQuit
 from distnb.rank.debug.ask import Asker, NoInput
 from distnb.rank.debug.debugger import CellOf, RankPdb, site
 from distnb.records.debug import AskKind
@@ -172,9 +171,7 @@ def dist_breakpoint(rank: int = 0, timeout_s: int = 3600) -> None:
         debugger.reset()
         debugger.interaction(caller, None)
         if debugger.quitting:
-            raise DebuggerQuit(
-                f"rank {rank} quit the debugger at {site(caller, caller.f_lineno, _cell_of())}"
-            )
+            raise debugger.quit_error()
     if _state is None or _state.everyone:
         dist.barrier()
     if debugger is not None and (debugger.stoplineno != -1 or debugger.breaks):
@@ -202,11 +199,6 @@ def _skipped(frame: FrameType) -> bool:
     here = site(frame, frame.f_lineno, _state.cell_of)
     print(_state.asker.no_input(here, AskKind.DEBUGGER), file=sys.stderr)
     return True
-
-
-def _cell_of() -> CellOf:
-    assert _state is not None
-    return _state.cell_of
 
 
 def _trace_from(debugger: bdb.Bdb, frame: FrameType) -> None:

@@ -168,8 +168,12 @@ class RankPdb(pdb.Pdb):
         try:
             return super().trace_dispatch(frame, event, arg)
         except bdb.BdbQuit:
-            at = f" at {self._quit_at}" if self._quit_at else ""
-            raise DebuggerQuit(f"rank {self.asker.rank} quit the debugger{at}") from None
+            raise self.quit_error() from None
+
+    def quit_error(self) -> DebuggerQuit:
+        """What the rank raises once the user quit: its rank, and where it was."""
+        at = f" at {self._quit_at}" if self._quit_at else ""
+        return DebuggerQuit(f"rank {self.asker.rank} quit the debugger{at}")
 
 
 def site(frame: FrameType, lineno: int, cell_of: CellOf) -> CallSite:
@@ -201,7 +205,8 @@ def user_stack(stack: Stack, index: int, cell_of: CellOf) -> tuple[Stack, int]:
         current = kept.index(index)
     else:
         own = [i for i, k in enumerate(kept) if k < index and not _is_library(stack[k][0])]
-        current = own[-1] if own else max(i for i, k in enumerate(kept) if k < index)
+        below = [i for i, k in enumerate(kept) if k < index]
+        current = own[-1] if own else below[-1] if below else len(kept) - 1
     return [stack[k] for k in kept], current
 
 
