@@ -3,9 +3,10 @@
 Tests that break a cluster on purpose (killing a rank, restarting) start their own session.
 
 The run keeps to private folders: IPython's (history, profiles, security files), Jupyter's
-(config, data, runtime: connection files) and matplotlib's are set here, before anything starts
-a shell, so every kernel, engine and shell the tests start inherits them and the user's own
-`~/.ipython`, `~/.jupyter` and `~/.local/share/jupyter` stay as they were
+(config, data, runtime: connection files), matplotlib's and torch.compile's caches are set here,
+before anything starts a shell, so every kernel, engine and shell the tests start inherits them
+and the user's own `~/.ipython`, `~/.jupyter`, `~/.local/share/jupyter` and
+`/tmp/torchinductor_<user>` stay as they were
 (tests/test_private_dirs.py checks it).
 """
 
@@ -35,6 +36,9 @@ PRIVATE_ENV = {
     "JUPYTER_DATA_DIR": str(PRIVATE_DIRS / "jupyter-data"),
     "JUPYTER_RUNTIME_DIR": str(PRIVATE_DIRS / "jupyter-runtime"),
     "MPLCONFIGDIR": str(PRIVATE_DIRS / "matplotlib"),
+    # torch.compile's caches: graphs compiled by another run (another checkout) stay out
+    "TORCHINDUCTOR_CACHE_DIR": str(PRIVATE_DIRS / "torchinductor"),
+    "TRITON_CACHE_DIR": str(PRIVATE_DIRS / "triton"),
 }
 os.environ.update(PRIVATE_ENV)
 

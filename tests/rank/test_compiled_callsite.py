@@ -197,3 +197,28 @@ def test_a_graph_cached_from_another_function_names_the_call_not_its_lines(
         line_of("# the second function's line"),
         f"compiled graph, called at {HERE}:{call}",
     )
+
+
+def test_a_recorded_stack_from_another_install_skips_its_torch_frames(tmp_path: Path) -> None:
+    """A cached graph compiled by a process with torch installed elsewhere (another checkout's
+    virtualenv on the same machine) records that torch's files: they are a library's, not the
+    user's, although they exist and read as recorded."""
+    from torch.distributed import _functional_collectives as funcol
+
+    from distnb.rank.checked import callsite
+
+    other = tmp_path / "other" / ".venv" / "lib" / "python3.11" / "site-packages" / "torch"
+    (other / "distributed").mkdir(parents=True)
+    theirs = other / "distributed" / "_functional_collectives.py"
+    shutil.copy(funcol.__file__, theirs)
+    line = next(
+        n for n, text in enumerate(theirs.read_text().splitlines(), 1) if "all_reduce(" in text
+    )
+    user = line_of("# the collective's line")
+    recorded = (  # innermost first, as `graphs.recorded_stack` returns it
+        (str(theirs), line, "all_reduce", theirs.read_text().splitlines()[line - 1]),
+        (str(HERE), user, "_reduce", "dist.all_reduce(y)  # the collective's line"),
+        (str(HERE), user + 5, "_step", "_reduce(y)"),
+    )
+    site = callsite._traced(recorded, str(HERE))
+    assert site is not None and site[:2] == (str(HERE), user)

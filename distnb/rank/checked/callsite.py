@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -55,6 +56,8 @@ _LIBRARY_DIRS = tuple(
         if (p := sysconfig.get_paths().get(key))
     }
 )
+# an installed package's file in a recorded stack, which may be another install's (see `_traced`)
+_INSTALLED = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
 _MAX_CACHE = 4096
 _CODE_LEN = 120
 
@@ -149,14 +152,15 @@ def _runs(code: CodeType, outermost: tuple[str, int, str, str]) -> bool:
 
 def _traced(recorded: graphs.Stack, compiled: str) -> Site | None:
     """The user's innermost line in a graph node's recorded stack that reads as it was recorded
-    (see `graphs`: a cached graph's stack may be another process's), the compiled function's
-    file standing for the recorded one. A helper the graph inlined from a file that has gone
+    (see `graphs`: a cached graph's stack may be another process's, even another install's, so
+    any installed package's file is a library's), the compiled function's file standing for the
+    recorded one. A helper the graph inlined from a file that has gone
     gives way to the line in the compiled function that called it."""
     first = recorded[-1][0]
     for file, line, _, text in recorded:
         file = compiled if file == first else file
         path = os.path.abspath(file) if os.sep in file else ""
-        if _kind(path) != 0 or graphs.is_generated(file):
+        if _kind(path) != 0 or _INSTALLED.search(path) or graphs.is_generated(file):
             continue
         site = _file_site(file, line)
         if site[3] == text[:_CODE_LEN]:
