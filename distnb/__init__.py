@@ -19,9 +19,17 @@ if _typing.TYPE_CHECKING:
 
     from IPython.core.interactiveshell import InteractiveShell
 
+    from distnb.records.replicas import ReplicaReport
     from distnb.session import Session
 
-__all__ = ["Session", "check_finite", "load_ipython_extension", "start", "unchecked"]
+__all__ = [
+    "Session",
+    "check_finite",
+    "diff_replicas",
+    "load_ipython_extension",
+    "start",
+    "unchecked",
+]
 __version__ = "0.1.0"
 
 
@@ -87,6 +95,30 @@ def check_finite(enabled: bool = True) -> AbstractContextManager[None]:
     from distnb.rank.checked import finite_checks
 
     return finite_checks(enabled)
+
+
+def diff_replicas(
+    *targets: str | _typing.Mapping[str, _typing.Any],
+    grads: bool = False,
+    buffers: bool = False,
+    atol: float = 0.0,
+    expect: str = "same",
+    ranks: _typing.Sequence[int] | None = None,
+) -> ReplicaReport:
+    """On every rank alike (a script under `%dist_run`, an `%%allranks` cell): do replicas hold
+    the same bits? `targets` are names in the rank's namespace or `{name: object}`; the report
+    is `%dist_diff`'s, the same on every rank. Digests travel through distnb's control plane,
+    not your process group.
+
+    >>> report = distnb.diff_replicas({"model": model, "opt": opt}, grads=True)
+    >>> report.agree
+    False
+    >>> [(d.name, d.agree, d.max_abs) for d in report.differences]
+    [('model.fc.weight', ((0,), (1,)), 0.25)]
+    """
+    from distnb.rank.replicas.check import diff_replicas as _diff
+
+    return _diff(*targets, grads=grads, buffers=buffers, atol=atol, expect=expect, ranks=ranks)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "RankDiedError",
     "RankError",
     "RankTimeoutError",
+    "ReplicasDivergedError",
     "SessionError",
 ]
 
@@ -185,6 +186,11 @@ class OverflowStop(DistnbError):
 
 class NonFiniteError(OverflowStop):
     """A watched tensor held NaN or Inf and the watch had `stop_on_nonfinite=True`."""
+
+
+class ReplicasDivergedError(DistnbError):
+    """A replica watch with `--raise` saw replicas differ: raised on the rank that saw it, in
+    the step where it did (see `%dist_diff NAME --report`)."""
 
 
 def group_failures(

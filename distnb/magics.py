@@ -155,19 +155,20 @@ class DistMagics(Magics):
     @argument("--watch", action="store_true", help="record a module's digests as it trains")
     @argument("--every", type=int, default=1, help="--watch every N-th step")
     @argument("--optim", default=None, help="--watch this optimizer too; its steps count")
+    @argument("--raise", dest="raise_", action="store_true", help="--watch: raise when they differ")
     @argument("--report", action="store_true", help="the first step the watched replicas differed")
     @argument("--stop", action="store_true", help="remove the watch")
     @line_magic
     def dist_diff(self, line: str) -> None:
         """Do replicas agree? `%dist_diff model opt [--grads] [--buffers] [--atol X]`: each
         tensor compared, bit for bit, across the ranks that should hold it identically.
-        `%dist_diff model --watch [--every N] [--optim opt]`, `--report`, `--stop`: when?"""
+        `%dist_diff model --watch [--every N] [--optim opt] [--raise]`, `--report`, `--stop`."""
         args = _parse(self.dist_diff, line)
         session, name = self._running(), args.names[0]
         options = {"grads": args.grads, "buffers": args.buffers, "atol": args.atol}
         try:
             if args.watch:
-                return session.diff_watch(name, every=args.every, optim=args.optim)
+                return session.diff_watch(name, args.every, args.optim, raise_=args.raise_)
             if args.stop:
                 return session.diff_stop(name)
             view = session.diff_report(name) if args.report else None
@@ -314,9 +315,8 @@ class DistMagics(Magics):
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:
-        """Run this cell in the kernel, not on the ranks (for auto mode: `%dist_auto`)."""
-        # Once auto mode has been on in this shell its input transformer makes a %%local cell
-        # plain kernel code before IPython sees the magic; this runs it in the other case.
+        """Run this cell in the kernel, not on the ranks (for auto mode: `%dist_auto`). Once
+        auto mode is on, its input transformer runs %%local cells before this can."""
         assert self.shell is not None
         self.shell.run_cell(cell, store_history=False)
 

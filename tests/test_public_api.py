@@ -13,6 +13,7 @@ def test_the_public_surface_is_pinned() -> None:
     assert distnb.__all__ == [
         "Session",
         "check_finite",
+        "diff_replicas",
         "load_ipython_extension",
         "start",
         "unchecked",

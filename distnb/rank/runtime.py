@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from distnb import keys
+from distnb.errors import SessionError
 from distnb.rank import checked, debug
 from distnb.rank.torchrun import device_plan, environment
 from distnb.rank.world import World
@@ -190,6 +191,16 @@ def clock_ns() -> int:
 
 def current_device() -> torch.device:
     return _runtime.device if _runtime is not None else torch.device("cpu")
+
+
+def control_store() -> dist.Store:
+    """The control plane's store, for exchanges of distnb's own between ranks."""
+    if _runtime is None:
+        raise SessionError(
+            "this process is not one of distnb's ranks: call this in an %%allranks cell or a "
+            "script run with %dist_run"
+        )
+    return _runtime.store
 
 
 def connect(spec: RankSpec) -> dist.Store:

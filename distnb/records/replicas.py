@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from distnb.records.codec import Record
 
-__all__ = ["Difference", "Digest", "ReplicaReport", "WatchReport", "compare", "first_divergence"]
+__all__ = [
+    "Difference",
+    "Digest",
+    "ReplicaReport",
+    "WatchReport",
+    "bad_options",
+    "compare",
+    "first_divergence",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,8 @@ class ReplicaReport(Record):
     differences: tuple[Difference, ...] = ()
     missing: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, ranks that lack it)
     alone: int = 0  # names whose replica groups are single ranks: nothing to compare (sharded)
+    expect: str = "same"  # "differ": identical replicas are the finding (each rank's batch)
+    within_atol: int = 0  # tensors that differ by no more than the tolerance given
 
     @property
     def agree(self) -> bool:
@@ -77,6 +87,15 @@ class WatchReport(Record):
     steps: tuple[int, ...]
     first: int | None = None
     differences: tuple[Difference, ...] = ()
+
+
+def bad_options(atol: float, expect: str) -> str:
+    """What is wrong with a check's options ("" if nothing)."""
+    if expect not in ("same", "differ"):
+        return f"expect is 'same' or 'differ', not {expect!r}"
+    if atol < 0:
+        return f"atol is a tolerance of 0 or more, not {atol}"
+    return ""
 
 
 def first_divergence(

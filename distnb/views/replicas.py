@@ -29,10 +29,8 @@ HEADER = ("name", "ranks that agree", "max |diff|", "max rel", "at")
 class ReplicaView:
     """`Session.diff`'s result: `.report` holds the record; shows itself in IPython."""
 
-    def __init__(self, report: ReplicaReport, expect: str = "same", within_atol: int = 0) -> None:
+    def __init__(self, report: ReplicaReport) -> None:
         self.report = report
-        self.expect = expect
-        self.within_atol = within_atol
 
     @property
     def agree(self) -> bool:
@@ -45,10 +43,10 @@ class ReplicaView:
         notes = []
         if r.alone:
             notes.append(f"{r.alone} sharded, with no replica to compare")
-        if self.within_atol:
-            notes.append(f"{self.within_atol} differ within atol")
+        if r.within_atol:
+            notes.append(f"{r.within_atol} differ within atol")
         tail = f"; {', '.join(notes)}" if notes else ""
-        if self.expect == "differ":
+        if r.expect == "differ":
             if not r.differences:
                 return f"replicas differ as expected: {size} compared {where}{tail}"
             return (

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from distnb.session import Session
@@ -158,3 +161,61 @@ def test_a_watch_names_the_first_step_replicas_differed(session: Session, shell:
     assert view.report.steps == (1, 3, 5) and view.report.first is None
     assert str(view).startswith("replicas of ddp agree at all 3 steps watched")
     session.diff_stop("ddp")
+
+
+def test_a_watch_that_raises_stops_the_step_that_diverged(session: Session) -> None:
+    from distnb.errors import RankError
+
+    session.run(DDP_MODEL)
+    session.diff_watch("ddp", optim="opt", raise_=True)
+    started = time.monotonic()
+    with pytest.raises(RankError) as info:
+        session.run(TRAIN + "print('trained', rank)", timeout=60)
+    took = time.monotonic() - started
+    errors = {f.rank: f for f in info.value.failures}
+    raised = [f for f in errors.values() if f.ename == "ReplicasDivergedError"]
+    # the later rank to finish step 5 sees both records (or both do, if they post together) and
+    # raises there; a peer that went on to step 6's all_reduce is released instead of hanging
+    assert raised and set(errors) == {0, 1}, errors
+    for f in raised:
+        assert f.evalue.startswith("replicas of ddp differ at step 5: ddp.0.bias (0 | 1)")
+    assert took < 30, took  # not the cell's 60 s timeout
+    assert session.run("print('next', rank)").stdout(1) == "next 1\n"
+    assert session.diff_report("ddp").report.first == 5  # the record goes on
+    session.diff_stop("ddp")
+
+
+SCRIPT = """\
+import sys
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import distnb
+
+torch.manual_seed(0)
+model = DDP(nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=float(sys.argv[1]) * (dist.get_rank() + 1))
+model(torch.randn(8, 4)).sum().backward()
+opt.step()
+report = distnb.diff_replicas({"model": model, "opt": opt}, grads=True)
+print(report.agree, [(d.name, d.agree) for d in report.differences])
+print(f"{report.differences[0].max_abs:.6f}", report.compared, report.names)
+print(f"{float(model.module.weight.grad.abs().max()) * float(sys.argv[1]):.6f}")
+"""
+
+
+def test_a_script_compares_its_replicas_with_the_public_function(
+    session: Session, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    result = session.run_script(str(tmp_path / "train.py"), "0.5")
+    out = [result.stdout(r).splitlines() for r in (0, 1)]
+    assert out[0] == out[1]  # every rank gets the same report
+    names = ["model.weight", "model.bias", "opt.param_groups[0].lr"]
+    expected = [(name, ((0,), (1,))) for name in names]
+    assert out[0][0] == f"False {expected}"
+    size, compared, targets = out[0][1].split(" ", 2)
+    # the grads agree (DDP averaged them): rank 1's larger lr moved the weights by 0.5 * grad more
+    assert size == out[0][2] and int(compared) >= 5 and targets == "('model, opt',)"

@@ -9,7 +9,7 @@ swap, or cancel out), and reach the host in one read per device.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 
 from distnb.records.replicas import Digest
 
-__all__ = ["digests", "entries", "replica_group", "tensor_values"]
+__all__ = ["Entry", "digests", "digests_of", "entries_of", "replica_group"]
 
 # The position weights (`i * A + B`, odd) and the chunks' multiplier; int64 arithmetic wraps.
 _A, _B = 0x9E3779B97F4A7C15 - 2**64, 0x632BE59BD9B4E019
@@ -31,8 +31,12 @@ Entry = tuple[str, Any, tuple[int, ...]]  # name, tensor or plain value, replica
 
 def digests(names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
     """A `Digest` of every tensor and value under `names` in this rank's namespace."""
+    return digests_of(list(entries_of(names, grads, buffers)))
+
+
+def digests_of(found: Sequence[Entry]) -> list[Digest]:
+    """A `Digest` of each entry (see `entries_of`)."""
     rank = dist.get_rank()
-    found = list(entries(names, grads, buffers))
     tensors = [(i, t) for i, (_, t, _) in enumerate(found) if isinstance(t, torch.Tensor)]
     sums = _bits([t for _, t in tensors])
     bits = {i: s for (i, _), s in zip(tensors, sums)}
@@ -47,25 +51,18 @@ def digests(names: Sequence[str], grads: bool, buffers: bool) -> list[Digest]:
     return out
 
 
-def tensor_values(
-    names: Sequence[str], grads: bool, buffers: bool, wanted: Sequence[str]
-) -> dict[str, torch.Tensor]:
-    """CPU copies of the tensors among `names` called `wanted` (those whose digests differ)."""
-    want = set(wanted)
-    return {
-        name: obj.detach().to("cpu", copy=True)
-        for name, obj, _ in entries(names, grads, buffers)
-        if name in want and isinstance(obj, torch.Tensor)
-    }
-
-
-def entries(names: Sequence[str], grads: bool, buffers: bool) -> Iterator[Entry]:
-    """Every tensor and value under `names` (looked up as `%dist_shapes` does), with its group."""
+def entries_of(
+    targets: Sequence[str | Mapping[str, Any]], grads: bool, buffers: bool
+) -> Iterator[Entry]:
+    """Every tensor and value under `targets` (names looked up as `%dist_shapes` does, or
+    `{name: object}`), with its replica group."""
     from distnb.rank.runtime import _lookup
 
     world = tuple(range(dist.get_world_size()))
-    for name in names:
-        yield from _walk(name, _lookup(name), world, grads, buffers)
+    for target in targets:
+        named = {target: _lookup(target)} if isinstance(target, str) else target
+        for name, obj in named.items():
+            yield from _walk(name, obj, world, grads, buffers)
 
 
 def _walk(
