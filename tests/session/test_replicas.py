@@ -77,10 +77,34 @@ def test_bits_not_values_a_swap_and_a_nan(session: Session) -> None:
 
 
 def test_data_that_should_differ_by_rank(session: Session) -> None:
-    session.run("same = torch.ones(4)\nown = torch.full((4,), float(rank))")
-    view = session.diff("same", "own", expect="differ")
-    assert [d.name for d in view.report.differences] == ["same"]
+    session.run(
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset\n"
+        "data = TensorDataset(torch.arange(64.0).reshape(32, 2))\n"
+        "(plain,) = next(iter(DataLoader(data, batch_size=4, shuffle=False)))  # forgot it\n"
+        "(sampled,) = next(iter(DataLoader(data, batch_size=4, sampler=DistributedSampler(data))))"
+    )
+    view = session.diff("plain", "sampled", expect="differ")
+    assert [(d.name, d.agree) for d in view.report.differences] == [("plain", ((0, 1),))]
     assert "identical where they should differ: 1 of 2" in str(view)
+    assert "DistributedSampler" in str(view)
+
+
+def test_gradient_accumulation_that_never_syncs(session: Session) -> None:
+    session.run(DDP_MODEL)
+    session.diff_watch("ddp", optim="opt")
+    session.run(
+        "import contextlib\n"
+        "for step in range(4):\n"
+        "    opt.zero_grad()\n"
+        "    # meant: no_sync for the micro-batches, then one synced backward; never synced here\n"
+        "    with ddp.no_sync() if step >= 2 else contextlib.nullcontext():\n"
+        "        ddp(torch.randn(16, 4)).sum().backward()\n"
+        "    opt.step()\n"
+    )
+    report = session.diff_report("ddp").report
+    assert report.first == 3, report  # the first step after an unsynced backward
+    assert {d.name for d in report.differences} >= {"ddp.0.weight", "ddp.2.weight"}
+    session.diff_stop("ddp")
 
 
 def test_names_a_rank_lacks_and_bad_input(session: Session) -> None:

@@ -7,7 +7,7 @@ Python kernel for each op at the `ADInplaceOrView` dispatch key; each kernel des
 has the checker compare it with its peers', and then redispatches to the backend's own kernel.
 `uninstall` removes the kernels.
 
-Why `ADInplaceOrView` (measured on torch 2.13, 2 gloo ranks; see DESIGN.md):
+Why `ADInplaceOrView` (measured on torch 2.13, 2 gloo ranks; see docs/architecture.md):
 
 - every path above reaches it: `dist.*`, DDP's constructor and its reducer (from the autograd
   engine), FSDP2, DTensor (explicit and implicit redistribution), eager and inductor-compiled

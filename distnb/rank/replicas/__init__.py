@@ -2,9 +2,10 @@
 
 What should be identical across ranks follows from how it was made (see `replica_group`): a DDP
 model's parameters across its process group, a DTensor along the mesh dimensions where its
-placement is `Replicate`, a plain tensor across the world. Digests read a tensor's bits as
-integers, mixed with their position, on the tensor's own device (a sum of values would hide a
-swap, or cancel out), and reach the host in one read per device.
+placement is `Replicate` (and along the dimensions of the whole mesh that a sliced mesh leaves
+out: TP shards across data parallel), a plain tensor across the world. Digests read a tensor's
+bits as integers, mixed with their position, on the tensor's own device (a sum of values would
+hide a swap, or cancel out), and reach the host in one read per device.
 """
 
 from __future__ import annotations
@@ -122,15 +123,20 @@ def _tensor(path: str, t: torch.Tensor, group: tuple[int, ...]) -> Entry:
 
 def replica_group(t: Any) -> tuple[int, ...]:
     """The ranks that hold the same local part of DTensor `t`: those at this rank's coordinates
-    on every mesh dimension where `t` is not `Replicate`."""
+    on every mesh dimension where `t` is not `Replicate`. A mesh sliced from a bigger one (TP's
+    `mesh["tp"]`) has replicas along the other dimensions too (data parallel): the group is
+    found in the whole mesh, where its dimensions are named."""
+    from torch.distributed.device_mesh import _mesh_resources
     from torch.distributed.tensor import Replicate
 
     mesh = t.device_mesh
     coordinate = mesh.get_coordinate()
-    index = tuple(
-        slice(None) if isinstance(p, Replicate) else coordinate[d]
-        for d, p in enumerate(t.placements)
-    )
+    sharded = {d: coordinate[d] for d, p in enumerate(t.placements) if not isinstance(p, Replicate)}
+    root, names = _mesh_resources.get_root_mesh(mesh), mesh.mesh_dim_names
+    whole = root.mesh_dim_names or ()
+    if root is not mesh and names and set(names) <= set(whole):
+        mesh, sharded = root, {whole.index(names[d]): c for d, c in sharded.items()}
+    index = tuple(sharded.get(d, slice(None)) for d in range(mesh.ndim))
     return tuple(sorted(int(r) for r in mesh.mesh[index].flatten().tolist()))
 
 
