@@ -82,7 +82,8 @@ def test_tensor_parallel_shards_compare_across_data_parallel(four: Session) -> N
         "    ColwiseParallel, RowwiseParallel, parallelize_module)\n"
         + _model()
         + "mesh = init_device_mesh('cpu', (2, 2), mesh_dim_names=('dp', 'tp'))\n"
-        + "parallelize_module(model, mesh['tp'], {'0': ColwiseParallel(), '2': RowwiseParallel()})\n"
+        + "plan = {'0': ColwiseParallel(), '2': RowwiseParallel()}\n"
+        + "parallelize_module(model, mesh['tp'], plan)\n"
         + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         + "batch_of = 0  # replicas see the same batch, as hand-made data parallel would\n"
         + TRAIN
