@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,10 +86,9 @@ def test_terminal_ipython_progress_rank_widgets_and_auto_mode(terminal: Terminal
     )
     assert "[rank 1] looped 1" in out and "5/5" in out
     assert "AttributeError" not in out and "Uncaught exception" not in out
-    started = time.monotonic()
     out = terminal.run("%%allranks\nprint('after', rank)")
+    # a later cell's output still arrives (it once waited ~4 s for output that never came)
     assert "[rank 1] after 1" in out
-    assert time.monotonic() - started < 3  # was ~4 s, with the output lost
     out = terminal.run("%%allranks\nimport ipywidgets\ndisplay(ipywidgets.IntSlider(rank + 5))")
     assert "[rank 1] IntSlider(value=6)" in out
 

@@ -1,10 +1,13 @@
-"""The architecture as the folder layout promises it, checked on the source (DESIGN.md, Layout).
+"""The architecture as the folder layout promises it, checked on the source.
+
+docs/architecture.md, "Layout", says what each package is for; this checks what it promises:
 
 - no import cycle between distnb's modules, counting imports inside functions (a lazy import is
   still a dependency) and leaving out `if TYPE_CHECKING:` blocks;
-- only `rank/` imports torch at module level (the kernel imports distnb cheaply; `keys`,
-  `records`, `matching` stay pure); only `session/` imports ipyparallel; only `views/` imports
-  ipywidgets and matplotlib;
+- only `rank/` (and its facade `distnb/overflow.py`) imports torch at module level (the kernel
+  imports distnb cheaply; `keys`, `records`, `matching` stay pure); only `session/` (and the
+  engine's entry point `rank/engine.py`) imports ipyparallel; only `views/` imports ipywidgets
+  and matplotlib;
 - modules stay small.
 """
 

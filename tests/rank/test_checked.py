@@ -24,7 +24,7 @@ from distnb import keys
 from distnb.rank import checked
 from distnb.records.beacon import Beacon, BeaconState
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.gloo
 
 
 @pytest.fixture(scope="module")
@@ -466,7 +466,7 @@ def test_waits_that_can_never_end_raise(ranks: Ranks, case: str, kind: str) -> N
     r0, r1 = values(ranks.run(s_deadlock, case=case))
     for r in (r0, r1):
         assert r["error"] == "CollectiveMismatchError" and r["kind"] == kind
-        assert r["seconds"] < 1.0
+        assert r["seconds"] < 10  # named, not left to the process group's 60 s timeout
         assert "each waits for the other" in r["message"]
     assert r0["message"] == r1["message"]
     # both took their calls back: collectives and messages line up again
@@ -514,7 +514,7 @@ def test_ctrl_c_interrupts_a_waiting_rank(ranks: Ranks) -> None:
     ranks.interrupt(0)
     (o0,) = ranks.collect([0], timeout=10)
     assert o0.value["raised"] == "KeyboardInterrupt"
-    assert (o0.value["at"] - sent) / 1e6 < 500
+    assert (o0.value["at"] - sent) / 1e9 < 5  # released by the signal, not by a timeout
     assert values(ranks.run(s_all_reduce)) == [[3.0] * 8, [3.0] * 8]
 
 
@@ -602,15 +602,26 @@ def test_store_path_across_hosts(ranks: Ranks) -> None:
 
 
 def test_unchecked_passes_through(ranks: Ranks) -> None:
-    outcomes = ranks.run(s_unchecked_shapes)
-    assert [o.unwrap() for o in outcomes] == [True, True]
+    for r in values(ranks.run(s_unchecked)):
+        # the call ran (its sum is right) without being recorded; after the block, calls are
+        # checked again (a mismatch raises) and numbered in step (the next all_reduce works)
+        assert r == {"x": [3.0, 3.0], "recorded": 0, "after": "shape", "y": 2.0}
 
 
-def s_unchecked_shapes(rank: int) -> bool:
+def s_unchecked(rank: int) -> dict[str, Any]:
     before = len(checked.events())
+    x = torch.full((2,), float(rank + 1))
     with checked.unchecked():
-        dist.all_reduce(torch.ones(2))
-    return len(checked.events()) == before
+        dist.all_reduce(x)
+    recorded = len(checked.events()) - before
+    after = ""
+    try:
+        dist.all_reduce(torch.ones(2 + rank))
+    except Exception as exc:
+        after = exc.mismatch.kind.value
+    y = torch.ones(1)
+    dist.all_reduce(y)
+    return {"x": x.tolist(), "recorded": recorded, "after": after, "y": y.item()}
 
 
 # --- torch.compile: checked, and traced without extra graph breaks ---------------------------

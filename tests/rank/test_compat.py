@@ -135,7 +135,7 @@ def s_mismatch_with_a_newer_table(rank: int) -> dict[str, Any]:
         interceptor.install(check, p2p)
 
 
-@pytest.mark.cluster
+@pytest.mark.gloo
 def test_a_table_naming_ops_torch_lacks_still_checks_the_rest(ranks: Ranks) -> None:
     for outcome in ranks.run(s_mismatch_with_a_newer_table):
         r = outcome.unwrap()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(__file__))
 from gloo_harness import Outcome, Ranks
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.gloo
 
 HERE = Path(__file__).resolve()
 

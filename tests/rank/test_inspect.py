@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -135,32 +134,29 @@ def test_entry_limit_counts_what_it_leaves_out() -> None:
     assert len(scan.entries) == 4 and scan.truncated == 6
 
 
-def test_thousand_tensor_namespace_is_fast() -> None:
+def test_thousand_tensor_namespace_is_scanned_whole() -> None:
+    # how long it takes is a figure bench/bench_views.py measures, not a test's to bound
     ns: dict[str, object] = {f"t{i}": torch.randn(16, 16) for i in range(1000)}
     ns["t500"] = torch.full((2,), math.inf)
-    start = time.perf_counter()
     scans = [scan_namespace(ns, rank=r) for r in range(2)]
     table = build_table(scans)
-    elapsed = time.perf_counter() - start
     assert len(scans[0].entries) == 1000 and len(table.rows) == 1000
     assert table.rows[0].name == "t500" and table.rows[0].nonfinite
-    assert elapsed < 2.0  # ~0.1 s here; generous for loaded CI machines
 
 
-def test_module_with_thousands_of_parameters_is_fast() -> None:
+def test_module_with_thousands_of_parameters_is_scanned_whole() -> None:
+    # timed in bench/bench_views.py too
     model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(2000)])  # 4,000 parameters
     layer = model[1234]
     assert isinstance(layer, nn.Linear)
     with torch.no_grad():
         layer.weight[3, 3] = math.nan
-    start = time.perf_counter()
     m = by_name(scan_namespace({"model": model}, rank=0))["model"]
-    elapsed = time.perf_counter() - start
     assert isinstance(m, ModuleMeta) and m.n_params == 4000 and m.n_nonfinite == 1
     assert [p.name for p in m.params if p.has_nonfinite] == ["1234.weight"]
-    assert elapsed < 2.0  # ~0.1 s here
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_own_device_is_the_current_cuda_device() -> None:
     x = torch.zeros(1, device="cuda")

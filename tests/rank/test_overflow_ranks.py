@@ -62,7 +62,7 @@ def _rank_main(rank: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.cluster
+@pytest.mark.gloo
 def test_summary_names_the_rank_that_went_nonfinite_first(tmp_path: Path) -> None:
     mp.spawn(_rank_main, args=(str(tmp_path),), nprocs=WORLD, join=True)
     reports = [

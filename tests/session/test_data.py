@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
     from distnb.session import Session
 
-pytestmark = pytest.mark.cluster
+# the tests that take a session start real engines; parse_size's do not
+cluster = pytest.mark.cluster
 
 REFUSED = (ConfigError, UsageError)  # the method's error, and the magic's
 
@@ -55,6 +56,7 @@ def data(request: pytest.FixtureRequest, session: Session, shell: InteractiveShe
     return Data(request.param, session, shell)
 
 
+@cluster
 def test_pull_gives_each_rank_value_in_rank_order(data: Data, session: Session) -> None:
     session.run("losses = [1.0 / (step + 1 + rank) for step in range(4)]")
     losses = data.pull("losses")
@@ -62,6 +64,7 @@ def test_pull_gives_each_rank_value_in_rank_order(data: Data, session: Session) 
     assert data.pull("losses", ranks="1") == [losses[1]]
 
 
+@cluster
 def test_pulled_tensors_are_on_the_cpu_detached_and_only_their_own_elements(
     data: Data, session: Session
 ) -> None:
@@ -79,6 +82,7 @@ def test_pulled_tensors_are_on_the_cpu_detached_and_only_their_own_elements(
     assert batch[0]["x"].untyped_storage().nbytes() == 12
 
 
+@cluster
 def test_push_binds_values_on_the_ranks(
     data: Data, session: Session, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,6 +98,7 @@ def test_push_binds_values_on_the_ranks(
     assert "[rank 0] 0 0.25" in out and "[rank 1] 1 0.5" in out
 
 
+@cluster
 def test_push_sends_functions_defined_in_the_kernel(session: Session) -> None:
     offset = 10
     session.push(shift=lambda x: x + offset)
@@ -101,6 +106,7 @@ def test_push_sends_functions_defined_in_the_kernel(session: Session) -> None:
     assert session.pull("shifted") == [10, 11]
 
 
+@cluster
 def test_per_rank_losses_plot_in_the_kernel(session: Session) -> None:
     import matplotlib
 
@@ -117,6 +123,7 @@ def test_per_rank_losses_plot_in_the_kernel(session: Session) -> None:
     plt.close(fig)
 
 
+@cluster
 def test_too_large_names_the_value_its_size_the_limit_and_the_fix(
     data: Data, session: Session
 ) -> None:
@@ -134,6 +141,7 @@ def test_too_large_names_the_value_its_size_the_limit_and_the_fix(
         data.push(limit="1KiB", payload=b"x" * 2048)
 
 
+@cluster
 def test_unpicklable_and_missing_values_say_what_to_do(data: Data, session: Session) -> None:
     session.run("import threading\nlock = threading.Lock()\nif rank == 0:\n    only0 = 1")
     with pytest.raises(REFUSED) as info:
@@ -153,12 +161,14 @@ def test_unpicklable_and_missing_values_say_what_to_do(data: Data, session: Sess
         data.push(lk=threading.Lock())
 
 
+@cluster
 def test_rank_only_classes_cannot_be_rebuilt_in_the_kernel(session: Session) -> None:
     session.run("class Point:\n    pass\np = Point()")
     with pytest.raises(ConfigError, match=r"rank 0's 'p' \(__main__.Point\) cannot be rebuilt"):
         session.pull("p")
 
 
+@cluster
 def test_bad_arguments(session: Session, shell: InteractiveShell) -> None:
     with pytest.raises(ConfigError, match="a name or dotted path"):
         session.pull("x[0]")

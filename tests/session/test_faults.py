@@ -3,10 +3,11 @@
 Each case kills one process (controller, its heart monitor, an engine, a nanny, the reaper)
 while the ranks are idle, run Python, or wait at a checked collective, or while the cluster
 starts, stops or restarts, and asserts what a user sees: the error type and text (which process,
-what to run), how soon it comes, `status()` saying it, a working cluster after `restart()`, and
-no process or shared-memory board left once the session stops. One session is shared and
-restarted after each fault; where a fault leaves it usable (the reaper, a stopped rank), the
-next case goes on with it. The kernel's own death is in `test_kernel_faults.py`.
+what to run), that it comes instead of a hang or a timeout (generous bounds; how soon is a
+bench's figure), `status()` saying it, a working cluster after `restart()`, and no process or
+shared-memory board left once the session stops. One session is shared and restarted after each
+fault; where a fault leaves it usable (the reaper, a stopped rank), the next case goes on with
+it. The kernel's own death is in `test_kernel_faults.py`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ from distnb.errors import RankDiedError, RankTimeoutError, SessionError
 from distnb.session import Session
 from distnb.session import start as start_session
 from distnb.session.cluster import Cluster
+from distnb.session.options import REGISTER_TIMEOUT_S
 from distnb.session.watch import Member, Role, boards_pattern
 from tests.conftest import children_of_this_process, running
 
 pytestmark = pytest.mark.cluster
 
-NOTICED_S = 5.0  # a fault is named within this (a loaded 2-core machine; typically < 1.5 s)
+NOTICED_S = 5.0  # a fault is named within this, not left to a timeout (typically < 1.5 s)
+# a start that cannot succeed says so well before the engines' register timeout runs out
+STARTED_S = REGISTER_TIMEOUT_S / 2
 SLEEP = "import time\ntime.sleep(60)\n"
 
 
@@ -183,7 +187,7 @@ def test_a_rank_killed_while_idle_is_named_by_the_next_cell(matrix: Matrix) -> N
     os.kill(pid, signal.SIGKILL)
     gone(pid)
     err, took = raised(s, "pass")
-    assert isinstance(err, RankDiedError) and took < 1.0
+    assert isinstance(err, RankDiedError) and took < NOTICED_S
     assert f"rank 0 (pid {pid} on" in str(err) and "killed by SIGKILL before cell" in str(err)
     assert f"rank 0 (pid {pid} on" in s.status().note
     with pytest.raises(SessionError, match="dist_restart"):
@@ -249,7 +253,7 @@ def test_the_controller_killed_while_idle(matrix: Matrix) -> None:
     os.kill(pid, signal.SIGKILL)
     gone(pid)
     err, took = raised(s, "pass")
-    assert isinstance(err, SessionError) and f"(pid {pid}" in str(err) and took < 1.5
+    assert isinstance(err, SessionError) and f"(pid {pid}" in str(err) and took < NOTICED_S
     assert f"(pid {pid}" in s.status().note
     matrix.recover()
 
@@ -308,7 +312,7 @@ def test_a_process_killed_while_starting_fails_the_start_at_once(
         start_session(2, progress=False)
     assert said.format(pid=killed[0]) in str(info.value)
     assert "Nothing is left running" in str(info.value)
-    assert time.monotonic() - started < 10  # the engines import torch: most of it
+    assert time.monotonic() - started < STARTED_S  # named, not waited out
     assert not running(sorted(set(children_of_this_process()) - before))
 
 
@@ -360,7 +364,8 @@ def test_a_launcher_that_cannot_start_engines_fails_fast(
     started = time.monotonic()
     with pytest.raises(SessionError, match="did not start") as info:
         start_session(2, progress=False, register_timeout=2)
-    assert said in str(info.value) and time.monotonic() - started < 10
+    # named (at once, or at the 2 s register timeout), not waiting for the 60 s engine
+    assert said in str(info.value) and time.monotonic() - started < 30
     assert not running(sorted(set(children_of_this_process()) - before))
 
 
@@ -368,4 +373,4 @@ def test_ssh_without_hosts_says_so_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(SessionError, match="started no engine") as info:
         start_session(2, engines="ssh", progress=False)
-    assert "--engines local" in str(info.value) and time.monotonic() - started < 10
+    assert "--engines local" in str(info.value) and time.monotonic() - started < STARTED_S

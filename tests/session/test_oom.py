@@ -54,12 +54,27 @@ def test_kernel_log_lines_name_the_killed_pids() -> None:
     assert killed_pids(lines) == {4282, 99}
 
 
-def test_counts_are_read_from_this_process_cgroup_or_left_unknown() -> None:
-    cgroup = memory_cgroup(os.getpid())
-    count = read_oom_kills(cgroup)
-    assert count is None or count >= 0
+def test_counts_are_read_from_either_cgroup_version_or_left_unknown(tmp_path: Path) -> None:
+    v2, v1, neither = tmp_path / "v2", tmp_path / "v1", tmp_path / "neither"
+    for d in (v2, v1, neither):
+        d.mkdir()
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 4\noom_kill 3\n")
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    (neither / "memory.events").write_text("low 0\nhigh 0\n")  # no oom_kill line
+    assert read_oom_kills(str(v2)) == 3
+    assert read_oom_kills(str(v1)) == 5
+    assert read_oom_kills(str(neither)) is None
+    assert read_oom_kills(str(tmp_path / "missing")) is None
     assert read_oom_kills(None) is None
+
+
+def test_memory_cgroup_is_the_one_this_process_is_in() -> None:
     assert memory_cgroup(2**22 + 12345) is None  # no such process
+    if not Path("/sys/fs/cgroup").is_dir():
+        pytest.skip("needs Linux's cgroup filesystem at /sys/fs/cgroup")
+    cgroup = memory_cgroup(os.getpid())
+    assert cgroup is not None
+    assert str(os.getpid()) in (Path(cgroup) / "cgroup.procs").read_text().split()
 
 
 def test_a_real_oom_kill_is_named_and_a_plain_sigkill_is_not(small_cgroup: Path) -> None:
@@ -84,9 +99,16 @@ def test_a_real_oom_kill_is_named_and_a_plain_sigkill_is_not(small_cgroup: Path)
     assert not plain.killed(idle.pid, KILL)
 
 
-def test_ended_text_names_the_oom_killer_only_on_evidence() -> None:
+def test_ended_text_names_the_oom_killer_only_on_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distnb.session import oom
     from distnb.session.oom import OOM_TEXT, ended_text
 
     assert ended_text(7, 3, None) == "exited with code 3"
     assert ended_text(7, KILL, None) == "was killed by SIGKILL"
-    assert ended_text(os.getpid(), KILL, OomWatch([])) in ("was killed by SIGKILL", OOM_TEXT)
+    # the kernel log is the evidence a watch of no cgroups has: it decides, either way
+    monkeypatch.setattr(oom, "kernel_log", lambda: ["Out of memory: Killed process 8 (python)"])
+    assert ended_text(7, KILL, OomWatch([])) == "was killed by SIGKILL"
+    assert ended_text(8, KILL, OomWatch([])) == OOM_TEXT
+    assert ended_text(8, 3, OomWatch([])) == "exited with code 3"  # it exited by itself
+    monkeypatch.setattr(oom, "kernel_log", lambda: [])
+    assert ended_text(8, KILL, OomWatch([])) == "was killed by SIGKILL"

@@ -30,8 +30,11 @@ def test_allranks_shapes_shows_what_the_cell_assigned(
     shell: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shell.run_cell_magic("allranks", "--shapes", "w = torch.zeros(rank + 1)\nunrelated = 3")  # type: ignore[attr-defined]
-    out = capsys.readouterr().out
-    assert "w" in out and "[1]" in out and "[2]" in out
+    lines = capsys.readouterr().out.splitlines()
+    # the one tensor the cell assigned (`unrelated` is no tensor), its shape differing by rank
+    assert "Shapes on ranks 0-1: 1 names, 1 differ across ranks (shape)" in lines
+    rows = [line.split() for line in lines if line.startswith("w ")]
+    assert rows == [["w", "*[1]", "float32", "cpu", "*[2]", "float32", "cpu", "shape"]]
 
 
 def test_dist_shapes_magic(shell: object, capsys: pytest.CaptureFixture[str]) -> None:
