@@ -14,8 +14,8 @@ cluster (`%dist_stop`; else after the last cell) measures every process in the k
 
 PSS and USS come from psutil's `memory_full_info()` (Linux `/proc/PID/smaps_rollup`). The target,
 1.0 GB of PSS by default, is docs/architecture.md's budget for a kernel with torch, a threaded
-controller and two CPU ranks; it is also what keeps the quick start inside Binder's 2 GB limit. Exit status 1
-when the total misses the target.
+controller and two CPU ranks; it is also what keeps the quick start inside Binder's 2 GB limit.
+Exit status 1 when the total misses the target.
 """
 
 from __future__ import annotations
