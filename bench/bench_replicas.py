@@ -12,12 +12,15 @@ kernel as one cell-sized request, interleaved in rounds whose order rotates:
 - `megatron`: Megatron-LM's method (`check_param_hashes_across_dp_replicas`): SHA-1 of each
   parameter's bytes on the CPU, the hashes all-gathered over the process group and compared.
 
-Ratios are medians over rounds of each round's ratio to the floor, with the 95% interval.
+Each ratio is the ratio of the medians printed, with its 95% interval (paired bootstrap over
+rounds).
 
 `--watch` measures the watch instead: a DDP training step (a ~10 M-parameter MLP, 4 x
 Linear(1600, 1600), batch 16, Adam) unwatched, watched every step (`diff_watch`, parameters
 before each forward; `--optim`: also Adam's state after each step), and unwatched again (the
-control), each a cell of 5 steps, interleaved in rounds whose order rotates.
+control), each a cell of 10 steps, interleaved in rounds whose order rotates. Each variant trains
+a model of its own, identical to the others; the watches are set once, before the rounds, so a
+cell times training steps only.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from median_ci import median_ci
+from median_ci import ratio_of_medians
 
 import distnb
 
@@ -55,16 +58,20 @@ agree = all(torch.equal(every[0], e) for e in every)
 
 WATCH_SETUP = """\
 from torch.nn.parallel import DistributedDataParallel as DDP
-torch.manual_seed(0)
-net = torch.nn.Sequential(*[torch.nn.Linear(1600, 1600) for _ in range(4)])
-ddp = DDP(net)
-opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
-def steps(n=5):
+def make():
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(*[torch.nn.Linear(1600, 1600) for _ in range(4)]))
+    return ddp, torch.optim.Adam(ddp.parameters(), lr=1e-4)
+def steps(ddp, opt, n=10):
     for _ in range(n):
         opt.zero_grad()
         ddp(torch.randn(16, 1600)).sum().backward()
         opt.step()
-steps(2)
+models = {name: make() for name in ("plain", "watched", "optim")}
+ddp_watched, opt_watched = models["watched"]
+ddp_optim, opt_optim = models["optim"]
+for ddp, opt in models.values():
+    steps(ddp, opt, 2)
 """
 
 
@@ -81,36 +88,37 @@ def interleaved(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str
 
 
 def table(times: dict[str, list[float]], base: str, unit: str, scale: float) -> None:
-    """Median time (in `unit`: seconds times `scale`) and median ratio to `base`, with its CI."""
-    print(f"{'variant':<14} {unit:>9}  vs {base} [95% CI]")
+    """Median time (in `unit`: seconds times `scale`), the ratio of that median to `base`'s and
+    its 95% interval; then the spread of the times (lowest-highest)."""
+    print(f"{'variant':<14} {unit:>9}  vs {base} [95% CI]  spread")
     for name, values in times.items():
-        ratios = [t / b for t, b in zip(values, times[base])]
-        low, high = median_ci(ratios)
+        ratio, low, high = ratio_of_medians(values, times[base])
         print(
             f"{name:<14} {statistics.median(values) * scale:>9.3f}  "
-            f"{statistics.median(ratios):.3f}x [{low:.3f}-{high:.3f}]"
+            f"{ratio:.3f}x [{low:.3f}-{high:.3f}]  "
+            f"{min(values) * scale:.3f}-{max(values) * scale:.3f}"
         )
 
 
 def bench_watch(rounds: int) -> None:
     with distnb.start(2, progress=False) as s:
         s.run(WATCH_SETUP)
+        s.diff_watch("ddp_watched")  # watched for the whole run: each cell times steps only
+        s.diff_watch("ddp_optim", optim="opt_optim")
 
-        def watched(optim: str | None) -> Callable[[], None]:
-            def run() -> None:  # setting the watch up and removing it count too (ms)
-                s.diff_watch("ddp", optim=optim)
-                s.run("steps()")
-                s.diff_stop("ddp")
+        def cell(model: str) -> Callable[[], None]:
+            return lambda: s.run(f"steps(*models[{model!r}])")
 
-            return run
-
-        def plain() -> None:
-            s.run("steps()")
-
-        variants = {"unwatched": plain, "watched": watched(None), "watched+optim": watched("opt")}
-        times = interleaved({**variants, "again": plain}, rounds)
-    print(f"# DDP 10M MLP, Adam, 2 ranks: cells of 5 steps, {rounds} rounds")
-    table(times, "unwatched", "ms/step", 1e3 / 5)
+        variants = {
+            "unwatched": cell("plain"),
+            "watched": cell("watched"),
+            "watched+optim": cell("optim"),
+            "again": cell("plain"),
+        }
+        times = interleaved(variants, rounds)
+        assert s.diff_report("ddp_watched").report.first is None  # each step was digested
+    print(f"# DDP 10M MLP, Adam, 2 ranks: cells of 10 steps, {rounds} rounds")
+    table(times, "unwatched", "ms/step", 1e3 / 10)
 
 
 def main() -> None:

@@ -17,10 +17,10 @@ Where it differs from Binder, on purpose:
 - repo2docker's base environment (Jupyter, ipykernel) comes from requirements.txt's `jupyterlab`;
 - nbclient talks to the kernel directly, so no Jupyter server shares the cgroup's memory.
 
-Measured on this project's 2-core machine: the build ~50 s, the 8 notebooks ~130 s (07, with
-torchrun beside the ranks, peaks at 1.4 GiB of the 2), the venv's removal ~3 s: ~3 min in all,
-5 min with other test runs on the machine. Part of `make test`; `-m "not binder"` leaves it out.
-`DISTNB_BINDER_VENV=DIR` builds the environment in DIR once and reuses it while binder/ and
+Measured on this project's 2-core machine: the build ~50 s, notebooks 01-08 ~130 s and 09 ~35 s
+(07, with torchrun beside the ranks, peaks at 1.4 GiB of the 2), the venv's removal ~3 s: ~4 min
+in all, longer with other test runs on the machine. Part of `make test`; `-m "not binder"` leaves
+it out. `DISTNB_BINDER_VENV=DIR` builds the environment in DIR once and reuses it while binder/ and
 constraints.txt stay the same (for work on the notebooks).
 """
 

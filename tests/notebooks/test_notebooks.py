@@ -216,6 +216,31 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
         ("crash", ("RankError", "failed on rank 1", "AssertionError: reading 5.0 out of range")),
         ("post-mortem", ("[rank 1] AssertionError", "[rank 1] tensor(5.)", "[rank 1] 2")),
     ],
+    "09-replicas-drift.ipynb": [
+        ("train", ("[rank 0] losses: [", "[rank 1] losses: [")),
+        (
+            "report",
+            (
+                "replicas of ddp first differ at step 4 (6 steps watched (1-6) on ranks 0-1): "
+                "ddp.3.weight",
+                "ddp.3.weight  0 | 1",
+            ),
+        ),
+        ("diff", ("replicas differ: 1 of ", "on ranks 0-1", "ddp.3.weight  0 | 1", "[0, 8]")),
+        ("fix-check", ("replicas agree: ", "compared on ranks 0-1")),
+        (
+            "buffers",
+            ("replicas differ: 2 of ", "ddp.1.running_mean", "0 | 1", "ddp.1.running_var", "0 | 1"),
+        ),
+        (
+            "sampler",
+            (
+                "identical where they should differ: 1 of 2 on ranks 0-1",
+                "a DistributedSampler?",
+                "batch  0,1",
+            ),
+        ),
+    ],
 }
 
 
