@@ -88,11 +88,18 @@ class Frontend:
                 else:
                     self.kc.input(line)
             idle = self._drain(msg_id, reply)
-        reply.content = self.kc.get_shell_msg(timeout=timeout)["content"]
+        reply.content = self._shell_reply(msg_id, deadline)
         reply.status = reply.content["status"]
         if pending:
             raise AssertionError(f"{len(pending)} answers left: {reply.prompts}\n{reply.text}")
         return reply
+
+    def _shell_reply(self, msg_id: str, deadline: float) -> dict[str, Any]:
+        """The execute_reply to `msg_id` (a reply to an earlier request may come first)."""
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return dict(msg["content"])
 
     def _drain(self, msg_id: str, reply: Reply) -> bool:
         """Read the iopub messages there are; True once the cell's kernel is idle."""

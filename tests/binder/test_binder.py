@@ -252,7 +252,9 @@ def test_notebook_runs_on_binder(
 
     for index, cell in enumerate(nb.cells):
         if RAISES in cell.metadata.get("tags", []):
-            assert raised[index], f"cell {index} ({cell.get('id')}) is tagged {RAISES}"
+            assert raised[index], (
+                f"cell {index} ({cell.get('id')}) is tagged {RAISES}, but showed:\n{texts[index]}"
+            )
     for selector, expected in CHECKS[path.name]:
         text = "\n".join(texts[nb.cells.index(c)] for c in cells_matching(nb, selector))
         assert_contains(text, expected, f"{path.name} cell {selector!r} on Binder")
