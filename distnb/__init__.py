@@ -126,11 +126,13 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     from distnb.magics import DistMagics
 
     if not any(isinstance(m, DistMagics) for m in ipython.magics_manager.registry.values()):
+        from distnb.session import visual
         from distnb.session.postmortem import route_debugger
 
         magics = DistMagics(ipython)
         ipython.register_magics(magics)
         route_debugger(ipython, lambda: magics.session)  # %debug and %pdb on reach a failed rank
+        visual.install(ipython)  # JupyterLab's debugger reaches the ranks of %%allranks cells
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
@@ -139,9 +141,11 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
 
     for magics in ipython.magics_manager.registry.values():
         if isinstance(magics, DistMagics):
+            from distnb.session import visual
             from distnb.session.postmortem import unroute_debugger
 
             unroute_debugger(ipython)
+            visual.uninstall()
             if magics.session is not None:
                 magics.session.stop()
 

@@ -19,6 +19,11 @@ Who writes what (values in brackets):
 - `debug/count` [a counter], `debug/ask/<n>` [`InputRequest` JSON], `debug/answer/<n>` [text]: a
   rank that wants a line from the user (its debugger's prompt, `input()`) counts up, posts its
   request under the number it got and waits for the answer; the kernel asks the user.
+- `debug/cell-file` [a path, or empty]: the kernel, before each run while JupyterLab's visual
+  debugger is attached to the ranks: the file name the frontend knows the cell by; each rank
+  compiles the cell under it.
+- `replicas/...` [stamped digests, tensors, reports]: the boards of replica checks and of watches
+  that raise (`replicas`).
 - `check/host/<rank>` [text]: a rank's host identity, so ranks on one host use shared memory.
 - `check/fp/...`, `check/big/...` [stamped fingerprints]: fingerprint slots of groups that span
   hosts and of fingerprints too big for shared memory (`board`, `spill`, `slot`).
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 __all__ = [
     "ASK_COUNT",
+    "CELL_FILE",
     "RUN",
     "abort",
     "answer",
@@ -39,6 +45,7 @@ __all__ = [
     "group_arrival",
     "host",
     "process_group",
+    "replicas",
     "slot",
     "spill",
     "stack_reply",
@@ -50,6 +57,7 @@ RUN = "cell"
 _CHECK = "check"
 _DEBUG = "debug"
 ASK_COUNT = f"{_DEBUG}/count"
+CELL_FILE = f"{_DEBUG}/cell-file"
 
 
 def encode_run(
@@ -118,3 +126,8 @@ def process_group(epoch: int) -> str:
 
 def group_arrival(epoch: int, rank: int) -> str:
     return f"{_PG}-here/{epoch}/{rank}"
+
+
+def replicas(name: str) -> str:
+    """The prefix of a replica check's board (`name`: its topic and members, or a watch's)."""
+    return f"replicas/{name}"

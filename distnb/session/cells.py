@@ -19,6 +19,7 @@ from distnb import errors
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
+from distnb.session import visual
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
 from distnb.session.debug import Desk, frontend_stdin
@@ -143,12 +144,17 @@ class CellRun:
         self.output: CellOutput | None = None
         self.desk = Desk(control, request.run_id)
         self.paused_s = 0.0  # time spent with the user at ranks' prompts: not the cell's
+        self.visual = visual.active()  # JupyterLab's debugger, attached to the ranks
+        self._visual_s = 0.0
 
     def start(self) -> CellRun:
         req = self.request
         self._watch()  # a process that died since the last cell
         self.cluster.mark_logs(t.pid for t in self.targets)
         self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin(), req.everyone)
+        if self.visual is not None:
+            self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
+            self._visual_s = self.visual.stopped_seconds()
         for info in self.targets:
             ar = self.cluster.view(info.engine_id).execute(req.code, silent=False, block=False)
             ar.add_done_callback(lambda _f: self._wake.set())
@@ -171,6 +177,9 @@ class CellRun:
                     self.output.update(self._outputs())
                 # a rank that waits for an answer is not done: nothing to serve once all are
                 paused = self.desk.serve(self) if not self._all_done() else 0.0
+                if self.visual is not None:  # ranks stopped in JupyterLab's debugger
+                    stopped, self._visual_s = self._visual_s, self.visual.stopped_seconds()
+                    paused += self._visual_s - stopped
                 if paused:  # the cell's clock stops while the user answers a rank's prompt
                     self.paused_s += paused
                     deadline = deadline + paused if deadline is not None else None

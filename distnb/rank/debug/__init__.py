@@ -25,6 +25,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from distnb.rank.debug import visual
 from distnb.rank.debug.ask import Asker, NoInput
 from distnb.rank.debug.debugger import CellOf, RankPdb, site
 from distnb.records.debug import AskKind
@@ -45,9 +46,10 @@ __all__ = [
 
 
 class _State:
-    def __init__(self, asker: Asker, cell_of: CellOf) -> None:
+    def __init__(self, asker: Asker, cell_of: CellOf, shell: Any) -> None:
         self.asker = asker
         self.cell_of = cell_of
+        self.shell = shell
         self.failure: BaseException | None = None  # the last cell's exception
         self.in_post_mortem = False
         self.everyone = True  # every rank runs the current cell
@@ -81,7 +83,7 @@ def install(store: Any, rank: int, cell_of: CellOf, shell: Any = None) -> None:
     import torch.distributed as dist
 
     uninstall()
-    _state = state = _State(Asker(store, rank), cell_of)
+    _state = state = _State(Asker(store, rank), cell_of, shell)
     state.patch(sys, "breakpointhook", breakpointhook)
     state.patch(pdb, "set_trace", set_trace)
     state.patch(pdb, "Pdb", Pdb)
@@ -112,6 +114,7 @@ def begin_run(run_id: int, stdin: bool, everyone: bool = True) -> None:
     if _state is not None:
         _state.asker.begin_run(run_id, stdin)
         _state.everyone = everyone
+        visual.name_cell(_state.shell, _state.asker.store)
 
 
 def end_run(error: BaseException | None) -> None:
@@ -153,8 +156,11 @@ def set_trace(frame: FrameType | None = None, *, header: str | None = None) -> N
 
 
 def breakpointhook(*args: Any, **kwargs: Any) -> None:
-    """`breakpoint()` on a rank."""
-    set_trace(sys._getframe(1))
+    """`breakpoint()` on a rank: JupyterLab's visual debugger where it is attached, else pdb."""
+    if visual.connected():
+        visual.stop_here(sys._getframe(1))
+    else:
+        set_trace(sys._getframe(1))
 
 
 def dist_breakpoint(rank: int = 0, timeout_s: int = 3600) -> None:

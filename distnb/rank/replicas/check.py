@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distnb import keys
 from distnb.errors import ConfigError
 from distnb.rank.checked import exchange
 from distnb.rank.replicas import digests_of, entries_of
@@ -146,7 +147,7 @@ def _board(topic: str, members: Sequence[int]) -> exchange.StoreBoard:
 
     key = (topic, tuple(members))
     if key not in _boards:
-        prefix = f"replicas/{topic}/{'.'.join(map(str, members))}"
+        prefix = keys.replicas(f"{topic}/{'.'.join(map(str, members))}")
         _boards[key] = exchange.StoreBoard(control_store(), prefix, _DEPTH)
     return _boards[key]
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distnb import keys
 from distnb.errors import ReplicasDivergedError
 from distnb.rank.checked import exchange
 from distnb.rank.replicas import digests
@@ -41,7 +42,7 @@ class _Alarm:
         global _boards
         _boards += 1  # every rank starts its watches together: the same board name everywhere
         self.name = name
-        self.board = exchange.StoreBoard(control_store(), f"replicas/watch/{_boards}", _DEPTH)
+        self.board = exchange.StoreBoard(control_store(), keys.replicas(f"watch/{_boards}"), _DEPTH)
         self.rank = dist.get_rank()
         self.peers = [r for r in range(dist.get_world_size()) if r != self.rank]
         self.next = dict.fromkeys(self.peers, 1)  # per peer: the next record to compare

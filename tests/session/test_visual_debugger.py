@@ -1,0 +1,176 @@
+"""JupyterLab's visual debugger on the ranks, spoken to as JupyterLab speaks to it: `debug_request`
+messages on a real kernel's control channel, `debug_event`s on iopub (the Debug Adapter
+Protocol inside Jupyter messages), with a real 2-rank cluster behind the kernel."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.kernel_driver import Frontend, frontend
+
+pytestmark = pytest.mark.cluster
+
+CELL = """%%allranks --timeout 3
+x = torch.ones(3) * (rank + 1)
+y = x * 2
+dist.all_reduce(y)
+print(rank, y.tolist())"""
+
+
+class Dap:
+    """The frontend's debugger: requests on the control channel, events from iopub."""
+
+    def __init__(self, fe: Frontend) -> None:
+        self.fe = fe
+        self.seq = 0
+        self.events: list[dict[str, Any]] = []
+
+    def request(self, command: str, timeout: float = 30, **arguments: Any) -> dict[str, Any]:
+        self.seq += 1
+        content = {"type": "request", "seq": self.seq, "command": command, "arguments": arguments}
+        msg = self.fe.kc.session.msg("debug_request", content)
+        self.fe.kc.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.fe.kc.control_channel.get_msg(timeout=deadline - time.monotonic())
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return dict(reply["content"])
+
+    def body(self, command: str, **arguments: Any) -> dict[str, Any]:
+        reply = self.request(command, **arguments)
+        assert reply.get("success"), reply
+        return dict(reply.get("body", {}))
+
+    def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
+        """The next `name` debug_event (iopub's other messages are kept in `self.events`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.fe.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {name!r} event within {timeout} s") from None
+            if msg["msg_type"] == "debug_event":
+                if msg["content"].get("event") == name:
+                    return dict(msg["content"]["body"])
+            else:
+                self.events.append(msg)
+
+
+@pytest.fixture(scope="module")
+def fe() -> Iterator[Frontend]:
+    with frontend() as fe:
+        reply = fe.run("%load_ext distnb\n%dist_start -n 2", timeout=180)
+        assert reply.status == "ok", reply.text
+        yield fe
+        with contextlib.suppress(queue.Empty):  # no answer where nothing is attached
+            Dap(fe).request("disconnect", timeout=5, restart=False)  # ranks a failure left stopped
+        fe.run("%dist_stop", timeout=60)
+
+
+def attach(fe: Frontend) -> Dap:
+    dap = Dap(fe)
+    dap.body(
+        "initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
+        linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
+    )  # fmt: skip
+    dap.body("attach")
+    return dap
+
+
+def _text(msg: dict[str, Any]) -> str:
+    """What an iopub message shows as text (the ranks' output is a live display area)."""
+    content = msg["content"]
+    if msg["msg_type"] == "stream":
+        return str(content["text"])
+    if msg["msg_type"] == "error":
+        return "\n".join(content["traceback"])
+    return str(content.get("data", {}).get("text/plain", ""))
+
+
+def output(fe: Frontend, msg_id: str, dap: Dap, timeout: float = 60) -> tuple[str, str]:
+    """The cell's status and everything it showed, once its execute_reply came."""
+    texts = [_text(m) for m in dap.events]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = fe.kc.get_shell_msg(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError("no execute_reply") from None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            break
+    time.sleep(0.2)  # iopub trails the reply
+    while True:
+        try:
+            m = fe.kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            break
+        texts.append(_text(m))
+    dap.events.clear()
+    return msg["content"]["status"], "\n".join(texts)
+
+
+def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
+    fe: Frontend,
+) -> None:
+    dap = attach(fe)
+    path = dap.body("dumpCell", code=CELL)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(CELL)
+
+    stopped = {dap.event("stopped")["threadId"], dap.event("stopped")["threadId"]}
+    threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
+    assert {threads[t] for t in stopped} == {"rank 0", "rank 1"}
+    rank1 = next(t for t in stopped if threads[t] == "rank 1")
+    rank0 = next(t for t in stopped if threads[t] == "rank 0")
+
+    frames = dap.body("stackTrace", threadId=rank1)["stackFrames"]
+    top = frames[0]
+    # the rank runs the cell under the file the frontend knows it by: the gutter's line
+    assert (top["name"], top["source"]["path"], top["line"]) == ("[rank 1] <module>", path, 3)
+    scopes = dap.body("scopes", frameId=top["id"])["scopes"]
+    names = {
+        v["name"]: v["value"]
+        for v in dap.body("variables", variablesReference=scopes[0]["variablesReference"])[
+            "variables"
+        ]
+    }
+    assert names["rank"] == "1"
+    assert names["x"].startswith("float32[3] cpu  tensor([2., 2., 2.])"), names["x"]
+
+    dap.body("next", threadId=rank1)  # rank 1 steps to the all_reduce line
+    assert dap.event("stopped")["threadId"] == rank1
+    top = dap.body("stackTrace", threadId=rank1)["stackFrames"][0]
+    assert (top["source"]["path"], top["line"]) == (path, 4), top
+    result = dap.body("evaluate", expression="y.sum().item()", frameId=top["id"], context="repl")
+    assert result["result"] == "12.0"
+
+    dap.body("continue", threadId=rank1)  # rank 1 waits at all_reduce for rank 0, stopped
+    assert dap.event("continued")["threadId"] == rank1
+    assert dap.event("stopped")["threadId"] == rank0  # the frontend is shown the other one
+    time.sleep(4)  # longer than the cell's 3 s timeout: time stopped is not the cell's
+    dap.body("continue", threadId=rank0)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok", text
+    assert "[rank 0] 0 [6.0, 6.0, 6.0]" in text and "[rank 1] 1 [6.0, 6.0, 6.0]" in text
+
+    # a breakpoint() on a rank goes to the visual debugger while it is attached
+    code = "%%allranks\nz = rank * 10\nif rank == 1:\n    breakpoint()\nprint('after', z)"
+    msg_id = fe.kc.execute(code)
+    stop = dap.event("stopped")
+    top = dap.body("stackTrace", threadId=stop["threadId"])["stackFrames"][0]
+    # as pdb's breakpoint(): stopped before the line after the call
+    assert top["name"] == "[rank 1] <module>" and top["line"] == 5
+    dap.body("continue", threadId=stop["threadId"])
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 1] after 10" in text, text
+
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+    status, text = output(fe, fe.kc.execute(CELL), dap)  # no debugger: the cell just runs
+    assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
