@@ -288,8 +288,10 @@ class VisualDebugger:
             self._emit("continued", {"threadId": encode(rank, body["threadId"])})
             if self.resumed_by.pop(rank, "") == "continue":
                 self._show_next()
-        elif name == "distnb.closed":
-            self.clients.pop(rank, None)
+        elif name in ("distnb.closed", "terminated", "exited"):  # the rank or its adapter went
+            client = self.clients.pop(rank, None)
+            if client is not None:
+                client.close()
             was = self.stopped.get(rank)
             self._mark_running(rank, beacon=False)
             if was is not None:

@@ -5,7 +5,9 @@ Protocol inside Jupyter messages), with a real 2-rank cluster behind the kernel.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -174,3 +176,68 @@ def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
     dap.body("disconnect", restart=False, terminateDebuggee=False)
     status, text = output(fe, fe.kc.execute(CELL), dap)  # no debugger: the cell just runs
     assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+
+
+def test_a_condition_picks_the_rank_and_kernel_cells_keep_the_kernels_debugger(
+    fe: Frontend,
+) -> None:
+    dap = attach(fe)
+    path = dap.body("dumpCell", code=CELL)["sourcePath"]
+    breakpoints = [{"line": 3, "condition": "rank == 1"}]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=breakpoints)
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(CELL)
+    stop = dap.event("stopped")
+    threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
+    assert threads[stop["threadId"]] == "rank 1"
+    assert dap.body("debugInfo")["stoppedThreads"] == [stop["threadId"]]  # rank 0 runs on
+    dap.body("continue", threadId=stop["threadId"])
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 0] 0 [6.0, 6.0, 6.0]" in text, text
+
+    # a cell of the kernel's own: ipykernel's debugger, its own thread
+    code = "a = 20\nb = a + 1\nprint('kernel', b)"
+    path = dap.body("dumpCell", code=code)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 2}])
+    msg_id = fe.kc.execute(code)
+    stop = dap.event("stopped")
+    assert stop["threadId"] < 1 << 32  # not a rank's
+    top = dap.body("stackTrace", threadId=stop["threadId"])["stackFrames"][0]
+    assert (top["source"]["path"], top["line"], top["name"]) == (path, 2, "<module>")
+    dap.body("continue", threadId=stop["threadId"])
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "kernel 21" in text, text
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[])
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+
+
+def test_disconnecting_lets_stopped_ranks_go_on(fe: Frontend) -> None:
+    dap = attach(fe)
+    path = dap.body("dumpCell", code=CELL)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(CELL)
+    dap.event("stopped")
+    dap.event("stopped")
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+
+
+def test_a_rank_that_dies_while_stopped_is_named_and_leaves_the_panel(fe: Frontend) -> None:
+    reply = fe.run("%%allranks\nimport os\nprint(os.getpid())")
+    pid = int(reply.text.split("[rank 1] ")[1].split()[0])
+    dap = attach(fe)
+    path = dap.body("dumpCell", code=CELL)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(CELL)
+    stopped = {dap.event("stopped")["threadId"], dap.event("stopped")["threadId"]}
+    threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
+    rank1 = next(t for t in stopped if threads[t] == "rank 1")
+    os.kill(pid, signal.SIGKILL)
+    # the panel lets it go (rank 0 may go first: the cell's end interrupts it)
+    assert rank1 in {dap.event("continued")["threadId"] for _ in range(2)}
+    status, text = output(fe, msg_id, dap)
+    assert status == "error" and "RankDiedError: rank 1" in text, text
+    dap.body("disconnect", restart=False, terminateDebuggee=False)  # rank 0 was still stopped
