@@ -117,6 +117,7 @@ class VisualDebugger:
         self.initialized: dict[int, threading.Event] = {}
         self.stopped: dict[int, Message] = {}  # rank -> its stopped event's body (own ids)
         self.resumed_by: dict[int, str] = {}
+        self.shown: int | None = None  # the rank's thread the frontend shows, while stopped
         self.frames: dict[tuple[int, int], int] = {}  # (rank, variables ref) -> its frame
         self.control: ControlPlane | None = None
         self.run_id = 0
@@ -130,6 +131,11 @@ class VisualDebugger:
         command = message.get("command", "")
         args = message.get("arguments") or {}
         key = _ROUTED.get(command)
+        thread = args.get(key) if key == "threadId" else None
+        if isinstance(thread, int) and thread >> _SHIFT == 0 and self._rank_shown():
+            # JupyterLab names the thread it shows only while it is in its set of stopped
+            # threads; its Continue takes it out first and then asks for thread 1
+            args = message["arguments"] = {**args, key: self.shown}
         if key is not None and isinstance(args.get(key), int):
             rank, own = decode(args[key])
             if rank is not None:
@@ -169,6 +175,8 @@ class VisualDebugger:
         if command in _RESUMING:
             self._mark_running(rank)
             self.resumed_by[rank] = command
+            if self.shown is not None and decode(self.shown)[0] == rank:
+                self.shown = None
         try:
             body = client.request(command, args)
         except DapError as exc:
@@ -187,9 +195,14 @@ class VisualDebugger:
                 self._variables_of(rank, scope, args["frameId"])
         elif command == "variables":
             frame = self.frames.get((rank, args["variablesReference"]))
-            for variable in body.get("variables", []):
+            accept = getattr(self.debugger, "accept_variable", lambda name: True)
+            body["variables"] = [v for v in body.get("variables", []) if accept(v["name"])]
+            for variable in body["variables"]:
                 if variable.get("type") in _TENSORS and frame is not None:
-                    variable["value"] = self._tensor(rank, frame, variable)
+                    described = self._tensor(rank, frame, variable)
+                    if described:  # the tree shows an expandable value's type: say it there too
+                        variable["type"] = f"{variable['type']} {described}"
+                        variable["value"] = f"{described}  {variable.get('value', '')}"
                 self._variables_of(rank, variable, frame)
         elif command in ("evaluate", "setExpression", "setVariable"):
             self._variables_of(rank, body, args.get("frameId"))
@@ -203,19 +216,18 @@ class VisualDebugger:
             holder["variablesReference"] = encode(rank, ref)
 
     def _tensor(self, rank: int, frame: int, variable: Message) -> str:
-        """`float32[16, 3] cpu  tensor([...])`: a tensor's dtype, shape and device first."""
+        """`float32[16, 3] cpu`: a tensor's dtype, shape and device ("" if unknown)."""
         name = variable.get("evaluateName")
-        value = str(variable.get("value", ""))
         if not name:
-            return value
+            return ""
         expression = f"'%s%s %s' % (str({name}.dtype)[6:], list({name}.shape), {name}.device)"
         try:
             body = self.clients[rank].request(
                 "evaluate", {"expression": expression, "frameId": frame, "context": "watch"}
             )
         except (DapError, KeyError):
-            return value
-        return f"{str(body.get('result', '')).strip(chr(39))}  {value}"
+            return ""
+        return str(body.get("result", "")).strip("'")
 
     def _threads(self) -> list[Message]:
         threads = []
@@ -298,8 +310,15 @@ class VisualDebugger:
                 self._emit("continued", {"threadId": encode(rank, was["threadId"])})
                 self._show_next()
 
+    def _rank_shown(self) -> bool:
+        """Whether the frontend shows a stopped rank, and no thread of the kernel's own is
+        stopped (a cell of the kernel's)."""
+        kernel_stopped = bool(getattr(self.debugger, "stopped_threads", ()))
+        return self.shown is not None and not kernel_stopped
+
     def _show_stopped(self, rank: int, body: Message) -> None:
-        shown = {**body, "threadId": encode(rank, body["threadId"]), "allThreadsStopped": False}
+        self.shown = encode(rank, body["threadId"])
+        shown = {**body, "threadId": self.shown, "allThreadsStopped": False}
         shown["description"] = f"rank {rank}: {body.get('description') or body.get('reason')}"
         self._emit("stopped", shown)
 
