@@ -215,6 +215,8 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
         ("fix", ("[rank 1] step 2: loss", "[rank 1] step 3: loss")),
         ("crash", ("RankError", "failed on rank 1", "AssertionError: reading 5.0 out of range")),
         ("post-mortem", ("[rank 1] AssertionError", "[rank 1] tensor(5.)", "[rank 1] 2")),
+        # without the visual debugger on (nbclient has none), the cell just runs
+        ("visual", ("[rank 0] 0 tensor([", "[rank 1] 1 tensor([")),
     ],
     "09-replicas-drift.ipynb": [
         ("train", ("[rank 0] losses: [", "[rank 1] losses: [")),
