@@ -85,8 +85,20 @@ def install(shell: Any) -> VisualDebugger | None:
     if debugger is None or not hasattr(debugger, "process_request"):
         return None
     if _active is None:
+        _unwrapped_children()
         _active = VisualDebugger(shell, debugger)
     return _active
+
+
+def _unwrapped_children() -> None:
+    """Keep the kernel's debugpy from wrapping the processes the kernel starts (controller,
+    engines): each would start a debugger of its own that nothing attaches to, and outlive
+    the cluster. Only possible before the kernel's debugger first starts (`%load_ext distnb`
+    before switching the debugger on; otherwise start the cluster with the debugger off)."""
+    import debugpy
+
+    with contextlib.suppress(Exception):  # already listening: too late to configure
+        debugpy.configure(subProcess=False)
 
 
 def uninstall() -> None:
@@ -154,8 +166,11 @@ class VisualDebugger:
         elif command == "debugInfo":
             stopped = [encode(r, b.get("threadId", 0)) for r, b in list(self.stopped.items())]
             reply.setdefault("body", {}).setdefault("stoppedThreads", []).extend(stopped)
-        elif command == "disconnect":
+        elif (
+            command == "disconnect"
+        ):  # as ipykernel, forget the breakpoints: a new attach sets them
             self.attached = False
+            self.breakpoints.clear()
             await _off_loop(self.close)
         return reply
 
@@ -381,6 +396,9 @@ class VisualDebugger:
                 with contextlib.suppress(DapError):
                     client.request("continue", {"threadId": thread}, timeout=5)
         for client in list(self.clients.values()):
+            if not client.closed:  # a proper goodbye: the rank's adapter takes the next client
+                with contextlib.suppress(DapError):
+                    client.request("disconnect", {"terminateDebuggee": False}, timeout=5)
             client.close()
         self.clients.clear()
 

@@ -224,6 +224,27 @@ def test_disconnecting_lets_stopped_ranks_go_on(fe: Frontend) -> None:
     assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
 
 
+def test_a_new_cluster_while_attached_is_debugged_too(fe: Frontend) -> None:
+    dap = attach(fe)
+    dap.body("configurationDone")
+    status, text = output(fe, fe.kc.execute(CELL), dap)  # connects to these ranks
+    assert status == "ok", text
+    for code in ("%dist_stop", "%dist_start -n 2"):
+        status, text = output(fe, fe.kc.execute(code), dap, timeout=180)
+        assert status == "ok", text
+    path = dap.body("dumpCell", code=CELL)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 5}])
+    msg_id = fe.kc.execute(CELL)
+    stopped = [dap.event("stopped")["threadId"] for _ in range(2)]
+    for thread in stopped:
+        top = dap.body("stackTrace", threadId=thread)["stackFrames"][0]
+        assert (top["source"]["path"], top["line"]) == (path, 5)
+        dap.body("continue", threadId=thread)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+
+
 def test_a_rank_that_dies_while_stopped_is_named_and_leaves_the_panel(fe: Frontend) -> None:
     reply = fe.run("%%allranks\nimport os\nprint(os.getpid())")
     pid = int(reply.text.split("[rank 1] ")[1].split()[0])
