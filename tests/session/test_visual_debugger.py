@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,6 +97,19 @@ def _text(msg: dict[str, Any]) -> str:
     return str(content.get("data", {}).get("text/plain", ""))
 
 
+def run_with_breakpoints(
+    fe: Frontend, code: str, *lines: int, **options: Any
+) -> tuple[Dap, str, str]:
+    """Attach, set breakpoints at `lines` of `code`'s cell (with `options`, e.g. a condition)
+    and start running it: (the debugger, the cell's file, the execute request's id)."""
+    dap = attach(fe)
+    path = dap.body("dumpCell", code=code)["sourcePath"]
+    breakpoints = [{"line": line, **options} for line in lines]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=breakpoints)
+    dap.body("configurationDone")
+    return dap, path, fe.kc.execute(code)
+
+
 def output(fe: Frontend, msg_id: str, dap: Dap, timeout: float = 60) -> tuple[str, str]:
     """The cell's status and everything it showed, once its execute_reply came."""
     texts = [_text(m) for m in dap.events]
@@ -120,11 +135,7 @@ def output(fe: Frontend, msg_id: str, dap: Dap, timeout: float = 60) -> tuple[st
 def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
     fe: Frontend,
 ) -> None:
-    dap = attach(fe)
-    path = dap.body("dumpCell", code=CELL)["sourcePath"]
-    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
-    dap.body("configurationDone")
-    msg_id = fe.kc.execute(CELL)
+    dap, path, msg_id = run_with_breakpoints(fe, CELL, 3)
 
     stopped = {dap.event("stopped")["threadId"], dap.event("stopped")["threadId"]}
     threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
@@ -181,12 +192,7 @@ def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
 def test_a_condition_picks_the_rank_and_kernel_cells_keep_the_kernels_debugger(
     fe: Frontend,
 ) -> None:
-    dap = attach(fe)
-    path = dap.body("dumpCell", code=CELL)["sourcePath"]
-    breakpoints = [{"line": 3, "condition": "rank == 1"}]
-    dap.body("setBreakpoints", source={"path": path}, breakpoints=breakpoints)
-    dap.body("configurationDone")
-    msg_id = fe.kc.execute(CELL)
+    dap, path, msg_id = run_with_breakpoints(fe, CELL, 3, condition="rank == 1")
     stop = dap.event("stopped")
     threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
     assert threads[stop["threadId"]] == "rank 1"
@@ -212,11 +218,7 @@ def test_a_condition_picks_the_rank_and_kernel_cells_keep_the_kernels_debugger(
 
 
 def test_disconnecting_lets_stopped_ranks_go_on(fe: Frontend) -> None:
-    dap = attach(fe)
-    path = dap.body("dumpCell", code=CELL)["sourcePath"]
-    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
-    dap.body("configurationDone")
-    msg_id = fe.kc.execute(CELL)
+    dap, _path, msg_id = run_with_breakpoints(fe, CELL, 3)
     dap.event("stopped")
     dap.event("stopped")
     dap.body("disconnect", restart=False, terminateDebuggee=False)
@@ -245,14 +247,40 @@ def test_a_new_cluster_while_attached_is_debugged_too(fe: Frontend) -> None:
     dap.body("disconnect", restart=False, terminateDebuggee=False)
 
 
+SCRIPT = """\
+import torch
+import torch.distributed as dist
+def scale(t):
+    return t * 3
+x = torch.ones(2) * (dist.get_rank() + 1)
+y = scale(x)
+dist.all_reduce(y)
+print("script", dist.get_rank(), y.tolist())
+"""
+
+
+def test_a_breakpoint_in_a_script_stops_its_ranks(fe: Frontend, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    dap = attach(fe)
+    dap.body("setBreakpoints", source={"path": str(script)}, breakpoints=[{"line": 4}])
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(f"%dist_run {script}")
+    stopped = [dap.event("stopped")["threadId"] for _ in range(2)]
+    for thread in stopped:
+        top = dap.body("stackTrace", threadId=thread)["stackFrames"][0]
+        assert (top["source"]["path"], top["line"]) == (str(script), 4)
+        assert re.fullmatch(r"\[rank [01]\] scale", top["name"]), top
+        dap.body("continue", threadId=thread)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 1] script 1 [9.0, 9.0]" in text, text
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+
+
 def test_a_rank_that_dies_while_stopped_is_named_and_leaves_the_panel(fe: Frontend) -> None:
     reply = fe.run("%%allranks\nimport os\nprint(os.getpid())")
     pid = int(reply.text.split("[rank 1] ")[1].split()[0])
-    dap = attach(fe)
-    path = dap.body("dumpCell", code=CELL)["sourcePath"]
-    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
-    dap.body("configurationDone")
-    msg_id = fe.kc.execute(CELL)
+    dap, _path, msg_id = run_with_breakpoints(fe, CELL, 3)
     stopped = {dap.event("stopped")["threadId"], dap.event("stopped")["threadId"]}
     threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
     rank1 = next(t for t in stopped if threads[t] == "rank 1")
