@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from functools import partial
@@ -282,8 +283,13 @@ class VisualDebugger:
             client = self.clients.get(info.rank)
             if client is not None and not client.closed:
                 continue
-            host, port, not_mine = cluster.view(info.engine_id).apply_sync(listen)
-            self._connect(info.rank, host, port, not_mine)
+            try:
+                host, port, not_mine = cluster.view(info.engine_id).apply_sync(listen)
+                self._connect(info.rank, host, port, not_mine)
+            except (DapError, OSError) as exc:  # the cell runs; this rank just does not stop
+                self.clients.pop(info.rank, None)
+                print(f"distnb: JupyterLab's debugger cannot reach rank {info.rank}: {exc}",
+                      file=sys.stderr)  # fmt: skip
 
     def _connect(self, rank: int, host: str, port: int, not_mine: list[str]) -> None:
         ready = self.initialized[rank] = threading.Event()
@@ -296,8 +302,8 @@ class VisualDebugger:
         )  # fmt: skip
         rules = [{"path": folder, "include": False} for folder in not_mine]
         client.send_request("attach", {"justMyCode": True, "rules": rules, "subProcess": False})
-        if not ready.wait(10):
-            raise DapError(f"rank {rank}'s debugger did not get ready within 10 s")
+        if not ready.wait(60):  # its first start imports pydevd: seconds on a busy machine
+            raise DapError(f"rank {rank}'s debugger did not get ready within 60 s")
         for path, breakpoints in self.breakpoints.items():
             client.request("setBreakpoints", {"source": {"path": path}, "breakpoints": breakpoints})
         client.request("configurationDone")

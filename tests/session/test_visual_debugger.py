@@ -51,7 +51,7 @@ class Dap:
         assert reply.get("success"), reply
         return dict(reply.get("body", {}))
 
-    def event(self, name: str, timeout: float = 30) -> dict[str, Any]:
+    def event(self, name: str, timeout: float = 90) -> dict[str, Any]:
         """The next `name` debug_event (iopub's other messages are kept in `self.events`)."""
         deadline = time.monotonic() + timeout
         while True:
