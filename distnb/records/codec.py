@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import (
     TYPE_CHECKING,
@@ -41,7 +42,7 @@ from typing import (
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["Record", "decode", "encode"]
+__all__ = ["Record", "decode", "dumps_many", "encode", "loads_many"]
 
 R = TypeVar("R", bound="DataclassInstance")
 Convert = Callable[[Any], Any]
@@ -211,3 +212,13 @@ class Record:
     @classmethod
     def from_dict(cls: type[T], d: Mapping[str, Any]) -> T:
         return cast(T, decode(cast("type[DataclassInstance]", cls), d))
+
+
+def dumps_many(records: Iterable[DataclassInstance]) -> bytes:
+    """Records as one JSON list, for a store value or a board's payload."""
+    return json.dumps([encode(r) for r in records]).encode()
+
+
+def loads_many(cls: type[R], payload: bytes) -> list[R]:
+    """The records `dumps_many` wrote."""
+    return [decode(cls, d) for d in json.loads(payload)]

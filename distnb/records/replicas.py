@@ -57,6 +57,11 @@ class Difference(Record):
     values: tuple[str, ...] = ()  # per group, for non-tensors
     expected: str = "same"
 
+    @property
+    def groups(self) -> str:
+        """The groups of ranks that agree: `0,2 | 1,3`."""
+        return " | ".join(",".join(map(str, g)) for g in self.agree)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaReport(Record):

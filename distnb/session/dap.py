@@ -62,14 +62,12 @@ class DapClient:
             raise DapError(f"{self.name}: {command} failed: {response.get('message', '')}")
         return response.get("body", {})
 
-    def send_request(self, command: str, arguments: Message | None = None) -> int:
-        """Send `command` without waiting; its response is dropped. Returns its seq."""
-        seq = next(self._seq)
-        message: Message = {"seq": seq, "type": "request", "command": command}
+    def send_request(self, command: str, arguments: Message | None = None) -> None:
+        """Send `command` without waiting; its response is dropped."""
+        message: Message = {"seq": next(self._seq), "type": "request", "command": command}
         if arguments is not None:
             message["arguments"] = arguments
         self._send(message)
-        return seq
 
     @property
     def closed(self) -> bool:

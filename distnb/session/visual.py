@@ -191,8 +191,6 @@ class VisualDebugger:
         if command in _RESUMING:
             self._mark_running(rank)
             self.resumed_by[rank] = command
-            if self.shown is not None and decode(self.shown)[0] == rank:
-                self.shown = None
         try:
             body = client.request(command, args)
         except DapError as exc:
@@ -361,9 +359,13 @@ class VisualDebugger:
         self._beacon(rank, BeaconState.STOPPED)
 
     def _mark_running(self, rank: int, beacon: bool = True) -> None:
+        """The rank goes on: its frames and variables are gone, the frontend no longer shows it."""
         with self._lock:
             if self.stopped.pop(rank, None) is None:
                 return
+            self.frames = {key: f for key, f in self.frames.items() if key[0] != rank}
+            if self.shown is not None and decode(self.shown)[0] == rank:
+                self.shown = None
             if not self.stopped and self._since is not None:
                 self._stopped_s += time.monotonic() - self._since
                 self._since = None

@@ -135,7 +135,7 @@ class WatchView:
 
 
 def _row(d: Difference) -> list[str]:
-    agree = " | ".join(",".join(map(str, g)) for g in d.agree)
+    agree = d.groups
     if d.values:
         agree = " | ".join(f"{','.join(map(str, g))}: {v}" for g, v in zip(d.agree, d.values))
     if d.max_abs is None:

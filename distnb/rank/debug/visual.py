@@ -84,6 +84,7 @@ def stop_here(frame: FrameType) -> None:
     """Stop in the visual debugger at `frame`'s current line (what `breakpoint()` does there)."""
     from debugpy.server import api
 
+    sys.stdout.flush()  # what the rank printed before it stops shows first
     try:
         api._settrace(  # type: ignore[no-untyped-call]
             suspend=True, trace_only_current_thread=True, patch_multiprocessing=False,
@@ -93,4 +94,3 @@ def stop_here(frame: FrameType) -> None:
         import debugpy
 
         debugpy.breakpoint()
-    sys.stdout.flush()

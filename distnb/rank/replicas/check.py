@@ -15,7 +15,6 @@ Call it on every rank (or every rank in `ranks`) in the same order, as a collect
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,10 +26,10 @@ from distnb import keys
 from distnb.errors import ConfigError
 from distnb.rank.checked import exchange
 from distnb.rank.replicas import digests_of, entries_of
-from distnb.records.codec import decode, encode
+from distnb.records.codec import dumps_many, loads_many
 from distnb.records.replicas import Difference, Digest, ReplicaReport, bad_options, compare
 
-__all__ = ["diff_replicas", "post_and_read", "size"]
+__all__ = ["diff_replicas", "size"]
 
 _DEPTH = 2  # a rank posts check n only after reading every peer's n - 1 (see exchange.py)
 _calls = 0  # checks made by this process: the boards' stamps
@@ -64,8 +63,8 @@ def diff_replicas(
     _calls += 1
     found = list(entries_of(targets, grads, buffers))
     mine = digests_of(found)
-    posted = post_and_read("digests", members, _calls, _encode(mine))
-    digests = [d for payload in posted for d in _decode(payload)]
+    posted = _post_and_read("digests", members, _calls, dumps_many(mine))
+    digests = [d for payload in posted for d in loads_many(Digest, payload)]
     differences, missing, compared, alone = compare(digests, members, expect)
     if expect == "same" and any(not d.values for d in differences):
         differences = _sized(differences, found, members)
@@ -84,7 +83,7 @@ def diff_replicas(
     )
 
 
-def post_and_read(topic: str, members: Sequence[int], stamp: int, payload: bytes) -> list[bytes]:
+def _post_and_read(topic: str, members: Sequence[int], stamp: int, payload: bytes) -> list[bytes]:
     """Post `payload` for this rank and wait for every member's, in `members` order."""
     board = _board(topic, members)
     board.post(members.index(dist.get_rank()), stamp, payload)
@@ -98,7 +97,7 @@ def _sized(
     me = dist.get_rank()
     mine = {name: obj for name, obj, _ in found if isinstance(obj, torch.Tensor)}
     wanted = {d.name for d in differences if not d.values and me in (g[0] for g in d.agree)}
-    values = post_and_read("values", members, _calls, _save({n: mine[n] for n in wanted}))
+    values = _post_and_read("values", members, _calls, _save({n: mine[n] for n in wanted}))
     sizer = members[0]
     if me == sizer:
         held = [torch.load(io.BytesIO(v), weights_only=True) for v in values]
@@ -108,10 +107,10 @@ def _sized(
             for d in differences
         ]
         board = _board("sized", members)
-        board.post(0, _calls, json.dumps([encode(d) for d in differences]).encode())
+        board.post(0, _calls, dumps_many(differences))
         return differences
     (answer,) = _collect(_board("sized", members), members, [0], _calls)
-    return [decode(Difference, d) for d in json.loads(answer)]
+    return loads_many(Difference, answer)
 
 
 def size(d: Difference, tensors: Sequence[torch.Tensor | None]) -> Difference:
@@ -170,14 +169,6 @@ def _collect(
         members,
     )  # fmt: skip
     return checker.wait(board, rings, stamp, wait)
-
-
-def _encode(digests: Sequence[Digest]) -> bytes:
-    return json.dumps([encode(d) for d in digests]).encode()
-
-
-def _decode(payload: bytes) -> list[Digest]:
-    return [decode(Digest, d) for d in json.loads(payload)]
 
 
 def _save(tensors: dict[str, torch.Tensor]) -> bytes:

@@ -12,7 +12,6 @@ the later to reach a step sees both, and raises `ReplicasDivergedError` in that 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -22,14 +21,12 @@ from distnb import keys
 from distnb.errors import ReplicasDivergedError
 from distnb.rank.checked import exchange
 from distnb.rank.replicas import digests
-from distnb.records.codec import decode, encode
-from distnb.records.replicas import Digest, compare
+from distnb.records.codec import dumps_many, loads_many
+from distnb.records.replicas import Difference, Digest, compare
 
 __all__ = ["MAX_STEPS", "history", "start", "stop", "watching"]
 
 MAX_STEPS = 10_000  # steps recorded per watch; later ones are counted, not recorded
-
-
 _DEPTH = 64  # records a board keeps per rank: a peer further behind is not compared
 
 
@@ -49,7 +46,7 @@ class _Alarm:
         self.mine: dict[int, tuple[int, list[Digest]]] = {}  # recent (step, record), by stamp
 
     def check(self, stamp: int, step: int, found: list[Digest]) -> None:
-        self.board.post(self.rank, stamp, json.dumps([encode(d) for d in found]).encode())
+        self.board.post(self.rank, stamp, dumps_many(found))
         self.mine[stamp] = step, found
         for peer in self.peers:
             while self.next[peer] <= stamp:
@@ -60,22 +57,20 @@ class _Alarm:
                 self.next[peer] += 1
                 if payload is exchange.LAPPED or at not in self.mine:
                     continue
-                theirs = [decode(Digest, d) for d in json.loads(payload)]
                 then, ours = self.mine[at]
-                differences, _, _, _ = compare(ours + theirs, (self.rank, peer))
+                differences, _, _, _ = compare(
+                    ours + loads_many(Digest, payload), (self.rank, peer)
+                )
                 if differences:
-                    self.mine.clear()
                     raise ReplicasDivergedError(_diverged(self.name, then, step, differences))
         oldest = min(self.next.values(), default=stamp + 1)
         for old in [s for s in self.mine if s < oldest]:
             del self.mine[old]
 
 
-def _diverged(name: str, then: int, now: int, differences: list[Any]) -> str:
+def _diverged(name: str, then: int, now: int, differences: list[Difference]) -> str:
     when = f"step {then}" + (f" (seen at step {now})" if now != then else "")
-    what = "; ".join(
-        f"{d.name} ({' | '.join(','.join(map(str, g)) for g in d.agree)})" for d in differences[:5]
-    )
+    what = "; ".join(f"{d.name} ({d.groups})" for d in differences[:5])
     more = f" and {len(differences) - 5} more" if len(differences) > 5 else ""
     return (
         f"replicas of {name} differ at {when}: {what}{more}. %dist_diff {name} --report names "
