@@ -199,6 +199,8 @@ class Cluster:
             with contextlib.suppress(psutil.NoSuchProcess):
                 for child in top.children(recursive=True):
                     ppid = processes.parent_pid(child)
+                    if ppid is None:
+                        continue  # gone already: a short-lived helper, not a launcher's own
                     self._add(child, processes.child_role(child, self._members.get(ppid)), ppid)
         self._reaper.watch(list(self._procs))
 

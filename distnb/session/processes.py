@@ -74,11 +74,12 @@ def is_engine(proc: psutil.Process) -> bool:
     )
 
 
-def parent_pid(proc: psutil.Process) -> int:
+def parent_pid(proc: psutil.Process) -> int | None:
+    """None once the process is gone (a short-lived child may end between listing and asking)."""
     try:
         return int(proc.ppid())
     except psutil.Error:
-        return 0
+        return None
 
 
 def proc_cmd(proc: psutil.Process) -> list[str]:

@@ -369,6 +369,43 @@ def test_a_launcher_that_cannot_start_engines_fails_fast(
     assert not running(sorted(set(children_of_this_process()) - before))
 
 
+# An engine that starts short-lived helpers while it boots, as libraries do at import (a CUDA
+# build of torch asks ldconfig, a compiler probes its toolchain): each ends within milliseconds.
+CHURN = """
+import runpy, subprocess, sys, threading, time
+def churn():
+    end = time.monotonic() + 8
+    while time.monotonic() < end:
+        helpers = [subprocess.Popen(["true"]) for _ in range(8)]
+        for helper in helpers:
+            helper.wait()
+threading.Thread(target=churn, daemon=True).start()
+sys.argv[0] = "engine"
+runpy.run_module("distnb.rank.engine", run_name="__main__")
+"""
+
+
+def test_helpers_that_engines_start_and_end_while_booting_are_not_taken_for_dead_launchers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = Cluster._engine_kwargs
+    track = Cluster._track
+    monkeypatch.setattr(
+        Cluster,
+        "_engine_kwargs",
+        lambda self: {**original(self), "engine_cmd": [sys.executable, "-c", CHURN]},
+    )
+
+    def track_often(self: Cluster) -> None:
+        for _ in range(50):  # many looks at a churning process tree, as a slow start makes
+            track(self)
+
+    monkeypatch.setattr(Cluster, "_track", track_often)
+    with start_session(2, progress=False) as s:
+        result = s.run("rank")
+        assert [result.result(r) for r in (0, 1)] == ["0", "1"]
+
+
 def test_ssh_without_hosts_says_so_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(SessionError, match="started no engine") as info:
