@@ -52,8 +52,15 @@ WAIT_ENDED = (KeyboardInterrupt, CollectiveDesyncError, CollectiveMismatchError)
 Channel = tuple[str, int, int, int]  # (group name, src, dst, tag), global ranks
 
 
+# Set to "0" on the ranks: every rank counts as a host of its own, so fingerprints go through
+# the control plane's store as between hosts (to rehearse or measure that path on one machine).
+SHM_VAR = "DISTNB_SHM"
+
+
 def host_identity() -> str:
     """Ranks with equal identities can share /dev/shm: same host, boot and tmpfs mount."""
+    if os.environ.get(SHM_VAR) == "0":
+        return f"{socket.gethostname()}|pid{os.getpid()}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
