@@ -43,6 +43,9 @@ def start(
     check: bool = True,
     progress: bool = True,
     register_timeout: float = 120.0,  # distnb.session.options.REGISTER_TIMEOUT_S
+    hosts: str | _typing.Mapping[str, int] | None = None,
+    python: str = "",
+    ssh_args: _typing.Sequence[str] = (),
 ) -> Session:
     """Start `n` ranks and return the running `Session` (`%dist_start` calls this).
 
@@ -53,6 +56,11 @@ def start(
     default; name an interface for ranks on other machines). `check`: the checked-collective
     runtime. `progress`: show start-up progress. `register_timeout`: seconds the engines get
     to register (a launcher that fails says so at once; a batch queue may need longer).
+
+    Ranks on other machines, over ssh: `hosts` (`{"node1": 4, "node2": 4}` or
+    `"node1:4,node2:4"`; `n` is their sum), `host` this machine's address on the network they
+    share, `python` the interpreter on the hosts (default: this one's path, as on a shared
+    home), `ssh_args` for ssh and scp (`["-i", "~/.ssh/cluster"]`).
 
     >>> with distnb.start(2) as s:
     ...     s.run("print(rank, world_size)")
@@ -70,6 +78,9 @@ def start(
         check=check,
         progress=progress,
         register_timeout=register_timeout,
+        hosts=hosts,
+        python=python,
+        ssh_args=ssh_args,
     )
 
 

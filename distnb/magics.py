@@ -37,6 +37,8 @@ class DistMagics(Magics):
     @argument("--host", default="127.0.0.1", help="address the control plane listens on")
     @argument("--no-check", action="store_true", help="turn off the checked-collective runtime")
     @argument("--register-timeout", type=str, default=None, help="seconds engines get to register")
+    @argument("--hosts", default=None, help="ranks over ssh, per host: node1:4,node2:4")
+    @argument("--python", default="", help="the Python on those hosts (default: this one's path)")
     @line_magic
     def dist_start(self, line: str) -> Any:
         """Start ranks: `%dist_start -n 2 [--backend gloo] [--timeout 60]`."""
@@ -55,6 +57,8 @@ class DistMagics(Magics):
                 check=not args.no_check,
                 register_timeout=_seconds(args.register_timeout, "--register-timeout")
                 or REGISTER_TIMEOUT_S,
+                hosts=args.hosts,
+                python=args.python,
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -365,9 +369,7 @@ class DistMagics(Magics):
             raise UsageError(str(exc)) from None
 
     def _user_ns(self) -> dict[str, Any]:
-        assert self.shell is not None
-        ns: dict[str, Any] = self.shell.user_ns
-        return ns
+        return self.shell.user_ns  # type: ignore[no-any-return,union-attr]
 
     def _running(self) -> Session:
         if self.session is None or not self.session.running:
@@ -384,8 +386,7 @@ def _parse(magic: Any, line: str) -> Any:
 
 
 def _usage(magic: Any) -> str:
-    usage = magic.parser.format_usage()
-    return usage.split(" ", 2)[-1].strip() if usage else ""
+    return (magic.parser.format_usage() or "  ").split(" ", 2)[-1].strip()
 
 
 def _whole(text: str, flag: str) -> int:
@@ -430,8 +431,7 @@ def _show_mismatch(err: CollectiveMismatchError) -> None:
 
 
 def _parse_command_line(magic: Any, line: str) -> Any:
-    """Like `_parse`, with the line split as a shell splits it, so that a script's argument
-    `'two words'` arrives as `two words` (IPython's own split keeps the quotes)."""
+    """`_parse`, split as a shell splits (a script's `'two words'` arrives as `two words`)."""
     try:
         words = shlex.split(line)
     except ValueError as exc:

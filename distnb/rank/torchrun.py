@@ -81,7 +81,39 @@ def environment(spec: RankSpec, device: str, inherited: Mapping[str, str]) -> di
     }
     if device == "cpu" and "ACCELERATE_USE_CPU" not in inherited:
         env["ACCELERATE_USE_CPU"] = "true"
+    ifname = interface_towards(spec.store_host)
+    for name in SOCKET_IFNAME_VARS:
+        if ifname is not None and name not in inherited:
+            env[name] = ifname
     return env
+
+
+# Where gloo and NCCL open their sockets. Unset, gloo takes the address the host name resolves
+# to, which on a machine of several networks may be one the other hosts cannot reach.
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def interface_towards(address: str) -> str | None:
+    """The network interface this host reaches `address` through (the kernel's control plane,
+    which every rank reaches): the one whose address the route to it leaves from."""
+    import socket
+
+    import psutil
+
+    try:
+        with socket.socket(
+            socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM
+        ) as probe:
+            probe.connect((address, 9))  # UDP: picks the route, sends nothing
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    names = [
+        n
+        for n, addrs in psutil.net_if_addrs().items()
+        if any(str(a.address).split("%")[0] == local for a in addrs)
+    ]
+    return str(names[0]) if names else None
 
 
 @dataclass(frozen=True, slots=True)

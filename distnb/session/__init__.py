@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +67,9 @@ class Session:
         progress = Progress(opts.n, enabled=opts.progress)
         try:
             progress.show("starting engines", 0)
-            self._cluster = Cluster(opts.n, opts.engines, opts.host, engine_env(opts.n))
+            self._cluster = Cluster(
+                opts.n, opts.engines, opts.host, engine_env(opts.n), opts.launcher_settings()
+            )
             self._cluster.launch()
             # The kernel imports torch for the control plane while the engines boot.
             self._control = ControlPlane(opts.host)
@@ -422,18 +424,22 @@ def start(
     check: bool = True,
     progress: bool = True,
     register_timeout: float = REGISTER_TIMEOUT_S,
+    hosts: str | Mapping[str, int] | None = None,
+    python: str = "",
+    ssh_args: Sequence[str] = (),
 ) -> Session:
-    """Start `n` ranks (default: one per local GPU, else 2) and return the running session.
-
-    `register_timeout`: seconds the engines get to register with the controller (a launcher
-    that fails says so at once; a batch queue may need longer).
+    """Start `n` ranks (default: one per local GPU, else 2) and return the running session;
+    the options are `distnb.start`'s.
 
     >>> with distnb.start(n=2) as s:
     ...     s.run("print(rank, world_size)")
     [rank 0] 0 2
     [rank 1] 1 2
     """
-    options = Options(n, backend, timeout, engines, host, check, progress, register_timeout)
+    from distnb.session.options import parse_hosts
+
+    ssh = (parse_hosts(hosts) if hosts else (), python, tuple(ssh_args))
+    options = Options(n, backend, timeout, engines, host, check, progress, register_timeout, *ssh)
     return Session(options).start()
 
 

@@ -18,13 +18,15 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
 
+from distnb.errors import DistnbWarning
 from distnb.reaper import MARK_VAR, Reaper, marked
-from distnb.session import processes
+from distnb.session import processes, remote
 from distnb.session.failures import exit_text
 from distnb.session.watch import Member, Role, own_lines
 
@@ -49,7 +51,14 @@ LOCAL_PYTHON_LAUNCHERS = {"local", "mpi", "mpiexec"}
 class Cluster:
     """An ipyparallel cluster started for one session, in its own profile directory."""
 
-    def __init__(self, n: int, engines: str, host: str, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        n: int,
+        engines: str,
+        host: str,
+        env: dict[str, str],
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         import ipyparallel as ipp
 
         self.n = n
@@ -70,6 +79,7 @@ class Cluster:
             log_level=40,
         )
         self._env = {**env, MARK_VAR: self.mark}
+        self._settings = settings or {}  # the launcher's (`Options.launcher_settings`)
         self.client: Any = None
         self._views: dict[int, Any] = {}
         self._procs: dict[int, psutil.Process] = {}
@@ -160,7 +170,7 @@ class Cluster:
         return False
 
     def _engine_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"environment": dict(self._env)}
+        kwargs: dict[str, Any] = {"environment": dict(self._env), **self._settings}
         if self.engines in LOCAL_PYTHON_LAUNCHERS:
             kwargs["engine_cmd"] = [sys.executable, "-m", "distnb.rank.engine"]
         return kwargs
@@ -389,6 +399,14 @@ class Cluster:
                 self.client.close()
             self.client = None
         segments = processes.mpi_segments(procs)
+        silent = remote.stop(remote.remote_engines(self.cluster))
+        if silent:
+            warnings.warn(
+                f"{', '.join(silent)} did not answer the stop: the ranks there end by themselves "
+                "once their controller's heartbeat stops (about 30 s)",
+                DistnbWarning,
+                stacklevel=4,
+            )
         for proc in procs:
             processes.send(proc, signal.SIGKILL)
         alive = processes.wait_dead(procs, timeout)
@@ -412,10 +430,4 @@ def _registered(on_progress: Callable[[str, int], None], ids: list[int]) -> None
 
 def _nothing_started(engines: str, engine_set: Any) -> str:
     kind = type(engine_set).__name__
-    if engines == "ssh":
-        return (
-            f"ipyparallel's {kind} started no engine: it starts them on the hosts in its "
-            "`engines` setting, which %dist_start cannot set yet. Use --engines local, mpi or "
-            "slurm."
-        )
     return f"ipyparallel's {kind} started no engine process (--engines {engines})."

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from distnb.errors import ConfigError
 
@@ -24,19 +27,23 @@ class Options:
     check: bool = True
     progress: bool = True
     register_timeout: float = REGISTER_TIMEOUT_S
+    hosts: tuple[tuple[str, int], ...] = ()  # ranks per host, for the ssh launcher
+    python: str = ""  # the Python the ssh launcher runs on the hosts: this one's path by default
+    ssh_args: tuple[str, ...] = ()  # for ssh and scp: `-i key`, `-J jump`, `-o ...`
 
     def validated(self) -> Options:
-        n = self.n
+        opts = self._hosts_validated()
+        n = opts.n
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"n must be a whole number of ranks >= 1, got {n!r}; e.g. -n 2")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         check_timeout(self.timeout)
         check_timeout(self.register_timeout, "register_timeout", "--register-timeout 300")
-        if not self.engines or not isinstance(self.engines, str):
+        if not opts.engines or not isinstance(opts.engines, str):
             raise ConfigError(
                 f"engines must name an ipyparallel launcher (local, mpi, slurm, "
-                f"ssh, ...), got {self.engines!r}"
+                f"ssh, ...), got {opts.engines!r}"
             )
         # Asking torch costs its import (~1 s): only when the answer matters before launching.
         needs_gpus = self.engines == "local" and (n is None or self.backend == "nccl")
@@ -51,7 +58,75 @@ class Options:
                 else "--backend nccl needs CUDA, and torch sees no CUDA device here. "
                 "Use --backend gloo (or auto)."
             )
-        return replace(self, n=n)
+        return replace(opts, n=n)
+
+    def _hosts_validated(self) -> Options:
+        """`hosts` as ((name, ranks), ...), checked against `n`, `engines` and `host`."""
+        if not self.hosts:
+            if self.engines == "ssh":
+                raise ConfigError(
+                    "--engines ssh needs the hosts and their ranks: --hosts node1:4,node2:4 "
+                    "(distnb.start(..., hosts={'node1': 4, 'node2': 4}))"
+                )
+            return self
+        hosts = parse_hosts(self.hosts)
+        total = sum(n for _, n in hosts)
+        if self.n is not None and self.n != total:
+            raise ConfigError(f"-n {self.n} but --hosts names {total} ranks; give one or the other")
+        if self.engines not in ("local", "ssh"):
+            raise ConfigError(f"--hosts starts ranks over ssh, not with --engines {self.engines}")
+        if _is_loopback(self.host) and not all(_is_loopback(name) for name, _ in hosts):
+            raise ConfigError(
+                f"ranks on other hosts cannot reach the control plane on {self.host}: name "
+                "this machine's address on the network the hosts share, e.g. --host "
+                "10.0.0.1 (the ranks' traffic then uses the interface that reaches it)"
+            )
+        return replace(self, hosts=hosts, n=total, engines="ssh")
+
+    def launcher_settings(self) -> dict[str, Any]:
+        """What the ipyparallel launcher needs beyond the defaults (ssh: the hosts, the remote
+        Python and distnb's engine on it, ssh's and scp's arguments)."""
+        if self.engines != "ssh":
+            return {}
+        python = self.python or sys.executable
+        return {
+            "engines": dict(self.hosts),
+            "remote_python": python,
+            "engine_cmd": [python, "-m", "distnb.rank.engine"],
+            "ssh_args": list(self.ssh_args),
+            "scp_args": list(self.ssh_args),
+        }
+
+
+def parse_hosts(
+    hosts: str | Mapping[str, int] | tuple[tuple[str, int], ...],
+) -> tuple[tuple[str, int], ...]:
+    """`"a:4,b:4"`, `{"a": 4, "b": 4}` or (("a", 4), ("b", 4)) as the last; a host without a
+    count gets one rank."""
+    pairs: list[tuple[str, object]] = []
+    if isinstance(hosts, str):
+        for item in filter(None, (h.strip() for h in hosts.split(","))):
+            host, _, ranks_text = item.rpartition(":") if ":" in item else (item, "", "1")
+            pairs.append((host, ranks_text))
+    else:
+        pairs.extend(hosts.items() if isinstance(hosts, Mapping) else hosts)
+    result = []
+    for name, count in pairs:
+        try:
+            ranks = int(str(count))
+        except ValueError:
+            ranks = 0
+        if not name or ranks < 1:
+            raise ConfigError(
+                f"hosts must be name:ranks pairs with ranks >= 1, e.g. node1:4,node2:4; got "
+                f"{name!r}:{count!r}"
+            )
+        result.append((str(name), ranks))
+    return tuple(result)
+
+
+def _is_loopback(name: str) -> bool:
+    return name in ("localhost", "::1") or name.startswith("127.")
 
 
 def check_timeout(

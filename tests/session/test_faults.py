@@ -404,10 +404,3 @@ def test_helpers_that_engines_start_and_end_while_booting_are_not_taken_for_dead
     with start_session(2, progress=False) as s:
         result = s.run("rank")
         assert [result.result(r) for r in (0, 1)] == ["0", "1"]
-
-
-def test_ssh_without_hosts_says_so_at_once() -> None:
-    started = time.monotonic()
-    with pytest.raises(SessionError, match="started no engine") as info:
-        start_session(2, engines="ssh", progress=False)
-    assert "--engines local" in str(info.value) and time.monotonic() - started < STARTED_S
