@@ -7,33 +7,50 @@ For each world size it starts the ranks once (spawned processes, a TCPStore in t
 the control plane, gloo on loopback) and times, interleaved round by round so that a busy machine
 slows every mode alike:
 
-- plain:       torch.distributed as is (`distnb.unchecked()` around the call);
+- plain:       torch.distributed with distnb installed and its checks off
+               (`distnb.unchecked()` around the call): the baseline of every ratio but one;
 - again:       plain once more, in its own turn: the control, whose ratio to plain shows how far
                two runs of the same code differ here (the noise floor of every other ratio);
+- unloaded:    torch.distributed with distnb not installed at all (`checked.uninstall()` for the
+               turn, `checked.install` again after it), the op called as in plain: a ratio to
+               plain below 1 is what having distnb installed, its checks off, costs;
 - barrier:     (`--focus` only) plain after an exchange of a fixed payload through a
                shared-memory board, as the checker makes: what any check made before data
                moves pays for the round trip alone;
 - checked:     distnb's checked runtime (`torch.distributed`'s calls checked at the group's
                methods, every other caller at the ops' kernels; fingerprints through shared
                memory);
-- DETAIL:      `TORCH_DISTRIBUTED_DEBUG=DETAIL` (a process group created at debug level DETAIL,
-               which wraps gloo in torch's ProcessGroupWrapper);
-- accel:       Accelerate's `gather` / `broadcast` / `reduce` (`PartialState(cpu=True)`);
+- DETAIL:      `TORCH_DISTRIBUTED_DEBUG=DETAIL`: a second process group over the same ranks, in
+               the same processes as plain, created at debug level DETAIL (so torch wraps its
+               gloo in ProcessGroupWrapper), the op called on that group;
+- accel:       Accelerate's `gather` / `broadcast` / `reduce` (`PartialState(cpu=True)`), its
+               debug mode off; they do other work than plain (`reduce` clones, `gather` is an
+               all_gather and a cat), so accel over plain is Accelerate's cost, not a check's;
 - accel-debug: the same with `ACCELERATE_DEBUG_MODE=1` (its shape check through
-               `gather_object`); without `cpu=True` it silently disables itself on CPU.
+               `gather_object`; without `cpu=True` it silently disables itself on CPU). Its
+               check's own cost is accel-debug over accel, which is the ratio printed for it.
 
-all_reduce, all_gather and broadcast at 8 elements, 64 KiB, 4 MiB and 64 MiB of float32; the
-median per iteration of the slowest rank. A machine this small drifts by a factor of two within a
-minute (plain 4 MiB broadcasts took 1.7 ms in one run and 3.2 ms in the next), so the modes take
-turns in short rounds, each mode in every place of the order in turn, and each ratio is the
-median over rounds of that round's median against plain's in the same round. Then: the time
-from the last rank's arrival to the mismatch error on every rank, how fast the kernel's abort key
-releases a waiting rank, and the CPU cost of a check with nobody to wait for.
+all_reduce, all_gather and broadcast at 8 elements, 64 KiB, 4 MiB and 64 MiB of float32. A
+machine this small drifts by a factor of two within a minute (plain 4 MiB broadcasts took 1.7 ms
+in one run and 3.2 ms in the next), so the modes take turns in short rounds, each mode in every
+place of the order in turn. A round of a mode times `iters` calls; an iteration's time is the
+slowest rank's, and the round's figure is the median of its iterations. Each mode's printed time
+is the median of its rounds' figures, and each ratio is the ratio of two such printed medians
+(`ratio_of_medians`): so a ratio always equals the quotient of the times printed beside it. Its
+95% interval is the 2.5th to 97.5th percentile of that same ratio over 2,000 resamplings of the
+rounds, paired (a resampled round keeps the times of both modes from that round); with the 4
+rounds of --quick it says little. Then plain, again, checked and DETAIL at four sizes with 2 ms
+of other work before each call, taken alike. Then: the time from the last rank's arrival to the
+mismatch error on every rank and how fast the kernel's abort key releases a waiting rank
+(median, min and max over the trials), the CPU cost of a check with nobody to wait for (best of
+three, against torch without distnb), and the 8-element all_reduce with fingerprints through
+the store (as across hosts), plain and checked in 5 rounds taken as above.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -41,27 +58,50 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from median_ci import median_ci  # noqa: E402
+from median_ci import ratio_of_medians  # noqa: E402
 from spawned import Spawned  # noqa: E402
 
 from distnb import keys  # noqa: E402  (after the path: the bench runs from a checkout)
 
-MODES = ("plain", "again", "checked", "DETAIL", "accel", "accel-debug")
-# ranks, op, size, median ms per mode, ratio to plain per mode (median of per-round ratios),
-# each ratio's 95% confidence interval (`median_ci`)
-Row = tuple[int, str, str, dict[str, float], dict[str, float], dict[str, tuple[float, float]]]
+MODES = ("plain", "again", "unloaded", "checked", "DETAIL", "accel", "accel-debug")
+GAP_MODES = ("plain", "again", "checked", "DETAIL")
+FOCUS_MODES = ("plain", "again", "unloaded", "barrier", "checked")
+# each mode's ratio is to plain, but Accelerate's check is measured against Accelerate
+BASE = {"accel-debug": "accel"}
 OPS = ("all_reduce", "all_gather", "broadcast")
 SIZES = {"8 el": 8, "64 KiB": 16 * 1024, "4 MiB": 1024 * 1024, "64 MiB": 16 * 1024 * 1024}
 # (iterations per round, rounds) per size, full and --quick
 PLAN = {"8 el": (60, 20), "64 KiB": (20, 20), "4 MiB": (4, 30), "64 MiB": (1, 12)}
 QUICK = {"8 el": (40, 4), "64 KiB": (15, 4), "4 MiB": (3, 4)}
+
+
+@dataclass
+class Row:
+    """One op at one size on one world size: per mode, each round's median ms (of the slowest
+    rank's iterations). Every figure printed for the row comes from these, so that a printed
+    ratio is the quotient of the printed times beside it."""
+
+    world: int
+    op: str
+    label: str
+    rounds: dict[str, list[float]]
+
+    def ms(self, mode: str) -> float:
+        """The mode's printed time: the median of its rounds."""
+        return statistics.median(self.rounds[mode])
+
+    def ratio(self, mode: str) -> tuple[float, float, float]:
+        """ms(mode) / ms(its base), and the 95% interval of that ratio over the rounds."""
+        base = BASE.get(mode, "plain")
+        return ratio_of_medians(self.rounds[mode], self.rounds[base])
 
 
 # --- ranks --------------------------------------------------------------------------------------
@@ -124,8 +164,6 @@ class _Rig:
         import torch
         import torch.distributed as dist
 
-        from distnb.rank import checked
-
         x = torch.ones(numel)
         outs = [torch.empty(numel) for _ in range(self.world)]
         group = self.detail if mode == "DETAIL" else None
@@ -145,17 +183,32 @@ class _Rig:
         call = calls[op]
         if mode == "barrier":
             call = self._after_barrier(call)
-        times = []
-        with checked.unchecked() if mode != "checked" else _nothing():
+        with self._setting(mode):
             call()  # warm up this mode
             dist.barrier()
-            for _ in range(iters):
-                if gap_ms:
-                    time.sleep(gap_ms / 1000)  # other work between collectives, as in a step
-                t0 = time.perf_counter_ns()
-                call()
-                times.append(time.perf_counter_ns() - t0)
-        return times
+            return self._iterations(call, iters, gap_ms)
+
+    @contextlib.contextmanager
+    def _setting(self, mode: str) -> Iterator[None]:
+        """distnb as `mode` needs it: checking ("checked"), not installed at all ("unloaded":
+        uninstalled for the turn, installed again after it, on every rank alike, as `cpu_cost`
+        does for its "bare" case), or installed with its checks off (every other mode)."""
+        from distnb.rank import checked
+
+        if mode == "checked":
+            yield
+        elif mode == "unloaded":
+            checker = checked._checker
+            assert checker is not None
+            store, session = checker.store, checker.session_id
+            checked.uninstall()
+            try:
+                yield
+            finally:
+                checked.install(store, rank=self.rank, world_size=self.world, session_id=session)
+        else:
+            with checked.unchecked():
+                yield
 
     def _after_barrier(self, call: Callable[[], Any]) -> Callable[[], Any]:
         """`call` after an exchange of a fixed payload through a board like the checker's: the
@@ -219,8 +272,9 @@ class _Rig:
             return time.monotonic_ns()
         return -1
 
-    def store_path(self, iters: int, rounds: int) -> dict[str, float]:
-        """8-element all_reduce with fingerprints through the store, as across hosts."""
+    def store_path(self, iters: int, rounds: int) -> dict[str, list[list[int]]]:
+        """8-element all_reduce with fingerprints through the store, as across hosts: per mode,
+        per round, each iteration's ns (plain and checked take turns, first in turn)."""
         import torch
         import torch.distributed as dist
 
@@ -235,20 +289,31 @@ class _Rig:
             store, rank=self.rank, world_size=self.world, session_id=session, hosts=hosts
         )
         x = torch.ones(8)
-        times: dict[str, list[int]] = {"plain": [], "checked": []}
+        modes = ("plain", "checked")
+        times: dict[str, list[list[int]]] = {m: [] for m in modes}
         try:
             dist.all_reduce(x)
-            for _ in range(rounds):
-                for mode in times:
-                    with checked.unchecked() if mode == "plain" else _nothing():
-                        for _ in range(iters):
-                            t0 = time.perf_counter_ns()
-                            dist.all_reduce(x)
-                            times[mode].append(time.perf_counter_ns() - t0)
+            for r in range(rounds):
+                for mode in modes if r % 2 == 0 else modes[::-1]:
+                    with self._setting(mode):
+                        times[mode].append(self._iterations(lambda: dist.all_reduce(x), iters))
         finally:
             checked.uninstall()
             checked.install(store, rank=self.rank, world_size=self.world, session_id=session)
-        return {m: statistics.median(v) / 1e3 for m, v in times.items()}
+        return times
+
+    @staticmethod
+    def _iterations(call: Callable[[], Any], iters: int, gap_ms: float = 0) -> list[int]:
+        """Each of `iters` calls' wall time, ns; `gap_ms` of sleep before each stands for other
+        work between collectives, as in a training step."""
+        times = []
+        for _ in range(iters):
+            if gap_ms:
+                time.sleep(gap_ms / 1000)
+            t0 = time.perf_counter_ns()
+            call()
+            times.append(time.perf_counter_ns() - t0)
+        return times
 
     def cpu_cost(self, iters: int) -> dict[str, float]:
         """The check's own CPU time per call, with nobody to wait for: an all_reduce on this
@@ -266,7 +331,7 @@ class _Rig:
         groups = [dist.new_group([r]) for r in range(self.world)]
         mine = groups[self.rank]
         x = torch.ones(8)
-        result = {}
+        result: dict[str, float] = {}
         # CPU time of this process, not wall time: on a busy machine a rank is often descheduled
         clock = time.process_time_ns
         for name in ("bare", "checked", "bare", "checked"):
@@ -290,14 +355,6 @@ class _Rig:
         return result
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 class Cluster(Spawned):
     def __init__(self, world: int) -> None:
         import torch.distributed as dist
@@ -312,6 +369,20 @@ class Cluster(Spawned):
 # --- measurements -------------------------------------------------------------------------------
 
 
+def _order(modes: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """Round r's order of the modes: every mode takes every place, forwards and backwards, so
+    that no mode always follows the same one."""
+    k = r % len(modes)
+    order = modes[k:] + modes[:k]
+    return order if r // len(modes) % 2 == 0 else order[::-1]
+
+
+def _round_ms(per_rank: list[list[int]]) -> float:
+    """A round's figure, ms: the median over its iterations of the slowest rank's time (an
+    iteration ends for the job when its last rank is done)."""
+    return float(statistics.median(max(ts) for ts in zip(*per_rank, strict=True))) / 1e6
+
+
 def measure(
     cluster: Cluster,
     op: str,
@@ -321,40 +392,29 @@ def measure(
     rounds: int,
     gap_ms: float = 0,
 ) -> Row:
-    """Time `op` at size `label` in every mode (the first is the baseline), in rounds that
-    rotate the order of the modes; see the module docstring for how ratios are taken."""
-    per_mode: dict[str, list[int]] = {m: [] for m in modes}
+    """Time `op` at size `label` in every mode, in rounds that rotate the order of the modes;
+    see the module docstring for how times and ratios are taken from the rounds."""
     per_round: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(rounds):
-        k = r % len(modes)  # every mode takes every place in the order, forwards and backwards
-        order = modes[k:] + modes[:k]
-        for mode in order if r // len(modes) % 2 == 0 else order[::-1]:
+        for mode in _order(modes, r):
             per_rank = cluster.ask(
                 "time_op", op=op, numel=SIZES[label], mode=mode, iters=iters, gap_ms=gap_ms
             )
-            slowest = [max(ts) for ts in zip(*per_rank, strict=True)]
-            per_mode[mode] += slowest
-            per_round[mode].append(statistics.median(slowest))
-    base = per_round[modes[0]]
-    medians = {m: statistics.median(v) / 1e6 for m, v in per_mode.items()}
-    each = {m: [a / b for a, b in zip(v, base, strict=True)] for m, v in per_round.items()}
-    ratios = {m: statistics.median(v) for m, v in each.items()}
-    return cluster.world, op, label, medians, ratios, {m: median_ci(v) for m, v in each.items()}
+            per_round[mode].append(_round_ms(per_rank))
+    return Row(cluster.world, op, label, per_round)
 
 
-def time_ops(cluster: Cluster, plan: dict[str, tuple[int, int]]) -> list[Row]:
-    rows = []
+def time_ops(cluster: Cluster, plan: dict[str, tuple[int, int]]) -> None:
     for op in OPS:
         for label, (iters, rounds) in plan.items():
-            rows.append(measure(cluster, op, label, MODES, iters, rounds))
-            print(_row(rows[-1]), flush=True)
-    return rows
+            print(_row(measure(cluster, op, label, MODES, iters, rounds), MODES), flush=True)
 
 
-def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
+def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> None:
     """Collectives with other work between calls: ranks arrive with their usual skew, but the
-    early rank has no earlier op to overlap with, so what remains is the check itself."""
-    rows = []
+    early rank has no earlier op to overlap with, so what remains is the check itself. Printed
+    in the full table's columns, those of the modes not run here left blank."""
+    print(f"{cluster.world} ranks, {gap_ms:g} ms of other work (a sleep) before each call:")
     for op, label in (
         ("all_reduce", "8 el"),
         ("all_reduce", "4 MiB"),
@@ -363,52 +423,36 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> list[Row]:
     ):
         iters, rounds = (30, 4) if quick else (30, 20)
         iters //= {"8 el": 1, "4 MiB": 5, "64 MiB": 25}[label]
-        modes = ("plain", "again", "checked", "DETAIL")
-        row = measure(cluster, op, label, modes, iters, rounds, gap_ms)
-        rows.append(row)
-        _, _, _, med, ratio, _ = row
-        others = " | ".join(f"{m} {med[m]:.3f} ms ({ratio[m]:.2f}x)" for m in modes[1:])
-        print(
-            f"{cluster.world:>5} | {op}, {gap_ms:g} ms between calls | {label:>6} | "
-            f"plain {med['plain']:.3f} ms | {others}",
-            flush=True,
-        )
-    return rows
+        row = measure(cluster, op, label, GAP_MODES, iters, rounds, gap_ms)
+        print(_row(row, MODES), flush=True)
 
 
 def time_focus(cluster: Cluster, focus: list[str], rounds: int) -> None:
-    """The named `op:size` rows (`all_reduce:4MiB`) in plain, again, barrier and checked only,
-    in many rounds, with each ratio's 95% confidence interval: enough to tell 1.05x from 1.20x
-    here. `barrier` is plain after an exchange through a shared-memory board, as the checker
-    makes, without the check: the floor of a check made before data moves."""
-    modes = ("plain", "again", "barrier", "checked")
+    """The named `op:size` rows (`all_reduce:4MiB`) in the FOCUS_MODES only, in many rounds:
+    enough to tell 1.05x from 1.20x here. `barrier` is plain after an exchange through a
+    shared-memory board, as the checker makes, without the check: the floor of a check made
+    before data moves."""
     sizes = {k.replace(" ", ""): k for k in SIZES}
     for item in focus:
         op, size = item.split(":")
         label = sizes[size]
-        row = measure(cluster, op, label, modes, PLAN[label][0], rounds)
-        _, _, _, med, ratio, ci = row
-        others = " | ".join(
-            f"{m} {med[m]:.3f} ms {ratio[m]:.2f}x [{ci[m][0]:.2f}-{ci[m][1]:.2f}]"
-            for m in modes[1:]
-        )
-        print(
-            f"{cluster.world:>5} | {op:<11} | {label:>7} | {rounds} rounds | "
-            f"plain {med['plain']:.3f} ms | {others}",
-            flush=True,
-        )
+        row = measure(cluster, op, label, FOCUS_MODES, PLAN[label][0], rounds)
+        print(_row(row, FOCUS_MODES), flush=True)
 
 
-def mismatch_latency(cluster: Cluster, trials: int) -> float:
+def mismatch_latency(cluster: Cluster, trials: int) -> list[float]:
+    """Per trial, ms from the last rank's arrival to the mismatch error on the last rank to
+    raise it."""
     per_rank = cluster.ask("mismatch_latency", trials=trials)
     lat = []
     for t in range(trials):
         arrived = per_rank[-1][t][0]
-        lat.append(max(r[t][1] for r in per_rank) - arrived)
-    return float(statistics.median(lat)) / 1e6
+        lat.append((max(r[t][1] for r in per_rank) - arrived) / 1e6)
+    return lat
 
 
-def abort_latency(cluster: Cluster, trials: int) -> float:
+def abort_latency(cluster: Cluster, trials: int) -> list[float]:
+    """Per trial, ms from the abort key's setting to the waiting rank's release."""
     lat = []
     for i in range(trials):
         cell = 10_000 + i
@@ -420,25 +464,98 @@ def abort_latency(cluster: Cluster, trials: int) -> float:
         set_at = time.monotonic_ns()
         cluster.check.set(keys.abort(cell), "benchmark")
         released = cluster.conns[0].recv()
-        lat.append(released - set_at)
-    return float(statistics.median(lat)) / 1e6
+        lat.append((released - set_at) / 1e6)
+    return lat
+
+
+def store_path(cluster: Cluster, iters: int, rounds: int) -> Row:
+    """The 8-element all_reduce with fingerprints through the store (ranks as if on different
+    hosts), plain and checked, its rounds taken as the table's are."""
+    per_rank = cluster.ask("store_path", iters=iters, rounds=rounds)
+    per_round = {
+        mode: [_round_ms([p[mode][r] for p in per_rank]) for r in range(rounds)]
+        for mode in per_rank[0]
+    }
+    return Row(cluster.world, "all_reduce", "8 el", per_round)
+
+
+def extras(cluster: Cluster, quick: bool) -> dict[str, Any]:
+    """The measurements after the tables; `_extras` prints them."""
+    return {
+        "world": cluster.world,
+        "mismatch": mismatch_latency(cluster, 10 if quick else 30),
+        "abort": abort_latency(cluster, 5),
+        "cpu": cluster.ask("cpu_cost", iters=5000 if quick else 20000)[0],
+        "store": store_path(cluster, iters=40 if quick else 200, rounds=5),
+    }
 
 
 # --- report -------------------------------------------------------------------------------------
 
-
-def _row(row: Row) -> str:
-    world, op, label, med, ratio, _ = row
-    cells = [f"{world:>5}", f"{op:<11}", f"{label:>7}", f"{med['plain']:9.3f}"]
-    for mode in MODES[1:]:
-        cells.append(f"{med[mode]:9.3f} {ratio[mode]:5.2f}x")
-    return " | ".join(cells)
+WIDTH = 17  # a mode's column: fits "1.28x [1.14-1.41]" and "accel-debug/accel"
 
 
-def header() -> str:
-    cols = ["ranks", "op".ljust(11), "size".rjust(7), "plain ms".rjust(9)]
-    cols += [f"{m} ms (ratio)".rjust(16) for m in MODES[1:]]
-    return " | ".join(cols)
+def _ratio(row: Row, mode: str) -> str:
+    """`1.26x [1.14-1.41]`: the mode's time over its base's, and its 95% interval."""
+    if mode not in row.rounds or BASE.get(mode, "plain") == mode:
+        return ""
+    return _interval(*row.ratio(mode))
+
+
+def _interval(ratio: float, low: float, high: float) -> str:
+    """`1.26x [1.14-1.41]`, with one decimal from 10 up so that it keeps to its column."""
+    ratio_, low_, high_ = (f"{v:.2f}" if v < 10 else f"{v:.1f}" for v in (ratio, low, high))
+    return f"{ratio_}x [{low_}-{high_}]"
+
+
+def _row(row: Row, modes: tuple[str, ...]) -> str:
+    """Two lines: each mode's time, then under it its ratio to its base; blank where the row
+    did not run the mode."""
+    times = [f"{row.ms(m):.3f} ms" if m in row.rounds else "" for m in modes]
+    ratios = [_ratio(row, m) for m in modes]
+    return "\n".join(
+        [_line([str(row.world), row.op, row.label], times), _line(["", "", ""], ratios)]
+    )
+
+
+def _line(lead: list[str], cells: list[str]) -> str:
+    """ranks, op and size, then the modes' cells, each in its column."""
+    ranks, op, size = lead
+    columns = [ranks.rjust(5), op.ljust(11), size.rjust(7)]
+    return " | ".join(columns + [c.rjust(WIDTH) for c in cells]).rstrip(" |")
+
+
+def header(modes: tuple[str, ...]) -> str:
+    """The modes' names over their times, and which ratio is printed under each."""
+    bases = [BASE.get(m, "plain") for m in modes]
+    ratios = ["" if b == m else f"{m}/{b}" for m, b in zip(modes, bases, strict=True)]
+    return "\n".join([_line(["ranks", "op", "size"], list(modes)), _line(["", "", ""], ratios)])
+
+
+def _spread(values: list[float]) -> str:
+    """Trials' median and range: a handful of trials is too few for an interval."""
+    return (
+        f"{statistics.median(values):.2f} ms (min {min(values):.2f}, max {max(values):.2f}, "
+        f"{len(values)} trials)"
+    )
+
+
+def _extras(e: dict[str, Any]) -> str:
+    """What `extras` measured on one world size, a line per measurement."""
+    cpu, store = e["cpu"], e["store"]
+    return "\n".join(
+        [
+            f"{e['world']} ranks:",
+            f"  mismatch raised on every rank {_spread(e['mismatch'])} after the last rank arrived",
+            f"  abort key released the waiter in {_spread(e['abort'])}",
+            f"  the check's own CPU time {cpu['checked'] - cpu['bare']:.1f} us/call (checked "
+            "minus torch without distnb, each the best of 3; no peer to wait for); recording "
+            f"{cpu['record']:.2f} us/event",
+            "  store path (ranks on different hosts), 8-el all_reduce: checked "
+            f"{store.ms('checked') * 1e3:.0f} us, plain {store.ms('plain') * 1e3:.0f} us: "
+            f"{_interval(*store.ratio('checked'))} ({len(store.rounds['plain'])} rounds)",
+        ]
+    )
 
 
 def machine() -> str:
@@ -463,8 +580,8 @@ def main(argv: list[str] | None = None) -> None:
         "--focus",
         nargs="+",
         metavar="OP:SIZE",
-        help="only these rows (e.g. all_reduce:4MiB broadcast:8el), plain/again/barrier/checked in "
-        "--rounds rounds, with 95%% confidence intervals",
+        help="only these rows (e.g. all_reduce:4MiB broadcast:8el), in "
+        f"{'/'.join(FOCUS_MODES)}, in --rounds rounds",
     )
     parser.add_argument("--rounds", type=int, default=60, help="rounds per --focus row")
     args = parser.parse_args(argv)
@@ -472,11 +589,14 @@ def main(argv: list[str] | None = None) -> None:
     print("$ python " + " ".join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
     print(machine())
     print(
-        "median per iteration of the slowest rank; ratio: median over rounds of the round's "
-        f"ratio to plain; modes take turns; {time.ctime()}\n"
+        "time: median over rounds of a round's median iteration (the slowest rank's time); "
+        "ratio: the quotient of two such printed times, to plain (accel-debug: to accel), "
+        "[95% interval] from a paired bootstrap over the rounds; modes take turns; "
+        f"{time.ctime()}\n"
     )
     if args.focus:
-        print("ratio [its 95% confidence interval]")
+        print(f"{args.rounds} rounds per row")
+        print(header(FOCUS_MODES))
         for world in args.ranks:
             cluster = Cluster(world)
             try:
@@ -484,8 +604,8 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 cluster.close()
         return
-    print(header())
-    extras: list[dict[str, Any]] = []
+    print(header(MODES))
+    measured: list[dict[str, Any]] = []
     for world in args.ranks:
         cluster = Cluster(world)
         try:
@@ -493,40 +613,13 @@ def main(argv: list[str] | None = None) -> None:
                 time_ops(cluster, plan)
             if not args.extras_only:
                 time_with_gap(cluster, 2.0, args.quick)
-            if args.gap_only:
-                continue
-            trials = 10 if args.quick else 30
-            extras.append(
-                {
-                    "world": world,
-                    "mismatch": mismatch_latency(cluster, trials),
-                    "abort": abort_latency(cluster, 5),
-                    "cpu": cluster.ask("cpu_cost", iters=5000 if args.quick else 20000)[0],
-                    "store": cluster.ask("store_path", iters=40 if args.quick else 200, rounds=5)[
-                        0
-                    ],
-                }
-            )
+            if not args.gap_only:
+                measured.append(extras(cluster, args.quick))
         finally:
             cluster.close()
     print()
-    for e in extras:
-        world, mismatch, abort, cpu, store = (
-            e["world"],
-            e["mismatch"],
-            e["abort"],
-            e["cpu"],
-            e["store"],
-        )
-        overhead = cpu["checked"] - cpu["bare"]
-        print(
-            f"{world} ranks: mismatch raised on every rank {mismatch:.2f} ms after the last "
-            f"rank arrived; abort key released the waiter in {abort:.2f} ms; "
-            f"the check's own CPU time {overhead:.1f} us/call (no peer to wait for); "
-            f"recording {cpu['record']:.2f} us/event; store path "
-            f"(ranks on different hosts) 8-el all_reduce {store['checked']:.0f} vs "
-            f"{store['plain']:.0f} us plain ({store['checked'] / store['plain']:.2f}x)"
-        )
+    for e in measured:
+        print(_extras(e))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Benchmark the overflow tracer against transformers' DebugUnderflowOverflow (DUO).
+"""Benchmark the overflow tracer, mode by mode, against transformers' DebugUnderflowOverflow (DUO).
 
 Run:  .venv/bin/python bench/bench_overflow.py [--quick] [--runs N] [--models t5,mlp,...]
 
@@ -10,24 +10,45 @@ variant; one step = forward + backward + zero_grad:
 - `6x256`, `12x64`, `4x1024`: Linear+GELU pairs (depth x width), batch 64, 16 and 128: models
   made of many small modules, where a fixed cost per hook call shows (issue 13).
 
-Variants, each on its own copy of the model with its hooks attached throughout:
+What is compared: the tracer costs more or less depending on what it records, so each of its
+statistics modes gets a row, and each row says what it records per tensor against DUO (read off
+`distnb.rank.overflow.stats` and `buffer`, checked on crafted tensors). DUO records, for each
+module's weights, inputs and outputs in the forward only: `|x|` min, `|x|` max, and whether the
+tensor holds a NaN and whether it holds an Inf (four host syncs a tensor). The tracer's modes:
 
-- `base`: no hooks; `base again`: a second unwatched copy, the control: its ratio is the noise;
-- `DUO`: `DebugUnderflowOverflow(model)`: forward hooks only (inputs, outputs, own weights);
-- `distnb`: `distnb.overflow.watch(model)`, the default: `fast` statistics of the forward
-  (inputs, outputs, own weights), backward (gradient into each module output) and each
-  parameter's `.grad`: about twice as many tensors as DUO;
-- `distnb fwd`: `watch(model, phases=("forward",))`: what DUO watches;
-- `distnb auto`, `distnb full`: the other statistics modes, fwd+bwd+grad;
+- `fast` (its default): signed `aminmax(x)`, one pass. LESS than DUO: the largest `|x|`, but no
+  smallest `|x|` when signs mix; NaN shows (aminmax propagates it) but then hides whether an Inf
+  is there too.
+- `auto`: `|x|` then `aminmax`. What DUO gives, bar one case: whether an Inf sits beside a NaN,
+  on the step the NaN first shows (with a NaN there, DUO's `|x|` min and max are NaN too). Where
+  the two numbers do not prove the zero, NaN and underflow counts, that tensor gets counts from
+  the next step on (more than DUO; an Inf with no NaN beside it stays a flag, `|x|` max = inf).
+- `full`: MORE than DUO: `|x|` min and max, the smallest non-zero `|x|`, NaN, Inf, zero and
+  underflow counts, every tensor, every step.
+
+Each mode runs twice: `<mode> fwd` (`phases=("forward",)`), the forward's weights, inputs and
+outputs as DUO's (keyword inputs too, which DUO skips), and `<mode>`, the default phases, which
+add the gradient into each module output and each parameter's `.grad`. So `auto fwd` and
+`full fwd` are the rows at DUO's information or above; `fast`, the tracer's default, records
+less.
+
+Other variants, each on its own copy of the model with its hooks attached throughout:
+
+- `base`: no hooks; `base again`: a second unwatched copy, the control: its figure is the noise;
 - `floor`, `floor fwd`: the simplest hooks written in Python (`Floor`): one `aminmax` per module
-  output, parameter, output gradient and `.grad`, through torch's hook API, with no names and
-  nothing decoded; one `tolist()` a step. Not a tracer: its ratio is what per-module Python
-  hooks cost on this machine before any bookkeeping.
+  output, parameter (and, for `floor`, output gradient and `.grad`), through torch's hook API,
+  with no names and nothing decoded; one `tolist()` a step. Not a tracer: its figure is what
+  per-module Python hooks cost on this machine before any bookkeeping.
 
-Timing: a run warms every variant up, then runs rounds; a round steps each variant once, in a
-shuffled order, so that a busy neighbour slows them all alike. Per variant and run: the median
-thread CPU time of a step; overhead ratio = (variant - base) / (DUO - base). Printed: the median
-ratio over runs and its spread (min-max). Targets (issue 13): distnb <= 0.25, distnb fwd <= 0.15.
+Timing: a run warms every variant up, then runs rounds; a round steps each variant once, the
+order rotated by one place each round (each variant takes each position in turn), so that a busy
+neighbour slows them all alike. A variant's overhead in a round is its step's thread CPU time
+minus `base`'s in that same round. Printed per variant: the median step time over all rounds of
+all runs; the median overhead; and `vs DUO` = median overhead / DUO's median overhead (the two
+medians printed), with a 95% interval from a paired bootstrap over rounds (`ratio_of_medians`
+in median_ci.py: a resampled round keeps the variant's and DUO's overheads together). `base
+again`'s figure, printed the same way, is the noise floor. Targets (issue 13, for the default
+`fast`, which records less than DUO): fast <= 0.25, fast fwd <= 0.15.
 
 Host syncs per step are counted in an untimed pass, through a `TorchFunctionMode` that counts
 every tensor method that hands a value to Python: `item`, `tolist`, `__format__` (DUO's f-strings
@@ -37,14 +58,13 @@ CPU these do not wait for a device; on a GPU each one stalls the launch queue.
 Peak memory, in another untimed pass: the bytes live at the peak of one step, from the profiler's
 allocation events (what the step allocates above what was live before it) plus what was live
 before it (parameters, buffers and the watch's own statistics buffers), for a training step and
-for an eval step (forward under `no_grad`). Target: distnb within 5% of base.
+for an eval step (forward under `no_grad`). Target: fast within 5% of base.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import random
 import shlex
 import statistics
 import sys
@@ -54,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from median_ci import ratio_of_medians  # bench/ is on the path when the bench runs
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
@@ -61,8 +82,18 @@ from torch.profiler import ProfilerActivity, profile
 import distnb.overflow as overflow
 
 LossOf = Callable[[nn.Module], torch.Tensor]
-TARGETS = {"distnb": 0.25, "distnb fwd": 0.15}
+TARGETS = {"fast": 0.25, "fast fwd": 0.15}
 MEMORY_TARGET = 0.05
+
+# What each statistics mode records per tensor, against DUO's |x| min, |x| max, NaN? and Inf?
+# (see the module docstring; from `distnb.rank.overflow.stats.decode`/`decode_signed`).
+RECORDS = {
+    "fast": "less than DUO: no |x| min when signs mix, no Inf? beside a NaN",
+    "auto": "what DUO gives, bar Inf? beside a NaN on its 1st step; +counts learnt",
+    "full": "more than DUO: its figures + NaN/Inf/zero/underflow counts",
+}
+# Which tensors, per phases: DUO's are the forward's weights, inputs and outputs.
+COVERS = {"fwd": "forward, as DUO", "all": "forward + backward, .grad"}
 
 READBACKS = {
     torch.Tensor.item,
@@ -158,33 +189,44 @@ class Variant:
 
     name: str
     model: nn.Module
+    records: str = ""  # what it records per tensor, against DUO
     watch: Any = None
-    cpu: list[list[float]] = field(default_factory=list)  # per run, per timed step
+    cpu: list[float] = field(default_factory=list)  # per round, over all runs: one step's time
 
 
 def make_variants(model: nn.Module) -> list[Variant]:
+    """`base` first (every overhead is against it), then the control, DUO, the tracer's modes
+    and the floor (see the module docstring)."""
     from transformers.debug_utils import DebugUnderflowOverflow
 
     duo = copy.deepcopy(model)
     DebugUnderflowOverflow(duo)  # type: ignore[no-untyped-call]  # hooks stay: its own copy
     variants = [
-        Variant("base", model),
-        Variant("base again", copy.deepcopy(model)),
-        Variant("DUO", duo),
+        Variant("base", model, "no hooks"),
+        Variant("base again", copy.deepcopy(model), "no hooks: the control"),
+        Variant("DUO", duo, "|x| min, |x| max, NaN?, Inf?; forward"),
     ]
-    for name, options in (
-        ("distnb", {}),
-        ("distnb fwd", {"phases": ("forward",)}),
-        ("distnb auto", {"stats": "auto"}),
-        ("distnb full", {"stats": "full"}),
-    ):
-        ours = copy.deepcopy(model)
-        variants.append(Variant(name, ours, overflow.watch(ours, **options)))
-    for name, backward in (("floor", True), ("floor fwd", False)):
+    for stats in RECORDS:
+        for phases in ("fwd", "all"):
+            variants.append(tracer(model, stats, phases))
+    for name, backward in (("floor fwd", False), ("floor", True)):
         floor = copy.deepcopy(model)
         Floor(floor, backward)
-        variants.append(Variant(name, floor))
+        covers = "forward + backward, .grad" if backward else "forward"
+        variants.append(Variant(name, floor, f"not a tracer: signed min/max; {covers}"))
     return variants
+
+
+def tracer(model: nn.Module, stats: str, phases: str) -> Variant:
+    """`watch()` on a copy of `model` in one statistics mode, forward only (`fwd`) or with the
+    default phases (`all`); named `<mode> fwd` or `<mode>`."""
+    ours = copy.deepcopy(model)
+    options: dict[str, Any] = {"stats": stats}
+    if phases == "fwd":
+        options["phases"] = ("forward",)
+    name = f"{stats} fwd" if phases == "fwd" else stats
+    records = f"{RECORDS[stats]}; {COVERS[phases]}"
+    return Variant(name, ours, records, overflow.watch(ours, **options))
 
 
 class Floor:
@@ -234,20 +276,19 @@ def step(model: nn.Module, loss_of: LossOf) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def time_run(variants: list[Variant], loss_of: LossOf, rounds: int, seed: int) -> None:
-    """One run: warm-up, then `rounds` rounds of one step per variant in a shuffled order."""
+def time_run(variants: list[Variant], loss_of: LossOf, rounds: int, first: int) -> None:
+    """One run: warm-up, then `rounds` rounds of one step per variant. Round `first + r` starts
+    at variant `first + r` (mod their number): each variant takes each place in turn, so none
+    always runs first (on cold caches) or last."""
     for v in variants:
         for _ in range(3):  # warm up; `auto` learns which tensors need more statistics
             step(v.model, loss_of)
-        v.cpu.append([])
-    order = list(variants)
-    rnd = random.Random(seed)
-    for _ in range(rounds):
-        rnd.shuffle(order)
-        for v in order:
+    for r in range(first, first + rounds):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
             c0 = time.thread_time()
             step(v.model, loss_of)
-            v.cpu[-1].append(time.thread_time() - c0)
+            v.cpu.append(time.thread_time() - c0)
 
 
 def readbacks_per_step(v: Variant, loss_of: LossOf) -> float:
@@ -291,53 +332,71 @@ def memory(v: Variant, loss_of: LossOf) -> tuple[int, int]:
 # -- report -------------------------------------------------------------------------------------
 
 
-def ratios(variants: list[Variant]) -> dict[str, list[float]]:
-    """Per variant, the overhead ratio to DUO's of each run."""
-    out: dict[str, list[float]] = {v.name: [] for v in variants}
-    by_name = {v.name: v for v in variants}
-    for run in range(len(variants[0].cpu)):
-        med = {v.name: statistics.median(v.cpu[run]) for v in variants}
-        duo = med["DUO"] - med["base"]
-        for v in variants:
-            out[v.name].append((med[v.name] - med["base"]) / duo)
-    assert by_name
+def overheads(v: Variant, base: Variant) -> list[float]:
+    """Per round, `v`'s step time minus `base`'s in the same round: a busy neighbour that slows
+    a round slows both, and the difference drops it."""
+    return [t - b for t, b in zip(v.cpu, base.cpu, strict=True)]
+
+
+HEADER = (
+    f"  {'variant':11s} {'step ms':>8s} {'+ms':>7s} {'vs DUO [95% CI]':>21s} {'syncs/step':>10s}"
+    f" {'train MiB':>10s} {'+%':>6s} {'eval MiB':>9s} {'+%':>6s}  records per tensor, vs DUO"
+)
+
+
+def row(v: Variant, base: Variant, duo: Variant, syncs: str, peaks: dict[str, Any]) -> str:
+    """One variant's line: its median step, median overhead, the ratio of that median to DUO's
+    (with its interval), host syncs, peak memory against `base`'s, what it records."""
+    over = overheads(v, base)
+    cells = [f"  {v.name:11s} {statistics.median(v.cpu) * 1e3:8.3f}"]
+    cells.append(f"{statistics.median(over) * 1e3:7.3f}" if v is not base else f"{'':7s}")
+    if v is base or v is duo:
+        cells.append(f"{'':21s}")
+    else:
+        ratio, low, high = ratio_of_medians(over, overheads(duo, base))
+        cells.append(f"{ratio:6.2f} [{low:5.2f}, {high:5.2f}]")
+    cells.append(f"{syncs:>10s}")
+    for i in (0, 1):
+        mib, base_mib = peaks[v.name][i] / 2**20, peaks[base.name][i] / 2**20
+        cells.append(f"{mib:10.1f} {100 * (mib / base_mib - 1):+5.1f}%")
+    cells.append(f" {v.records}")
+    return " ".join(cells)
+
+
+def misses(m: Model, v: Variant, base: Variant, duo: Variant, peaks: dict[str, Any]) -> list[str]:
+    """The targets `v` misses: its overhead ratio to DUO's, its peak memory over base's."""
+    target = TARGETS.get(v.name)
+    if target is None:
+        return []
+    out = []
+    ratio = statistics.median(overheads(v, base)) / statistics.median(overheads(duo, base))
+    if ratio > target:
+        out.append(f"{m.key}: {v.name} {ratio:.2f} > {target}")
+    worst = max(peaks[v.name][i] / peaks[base.name][i] - 1 for i in (0, 1))
+    if worst > MEMORY_TARGET:
+        out.append(f"{m.key}: {v.name} peak memory +{100 * worst:.1f}%")
     return out
 
 
 def bench(m: Model, runs: int, rounds: int) -> list[str]:
+    """Time, count syncs and measure memory for every variant on model `m`; print its table;
+    return the targets missed."""
     torch.manual_seed(0)
     model, loss_of = m.build()
     variants = make_variants(model)
     for run in range(runs):
-        time_run(variants, loss_of, rounds, seed=run)
-    over = ratios(variants)
+        time_run(variants, loss_of, rounds, first=run * rounds)
     peaks = {v.name: memory(v, loss_of) for v in variants}
+    base, duo = variants[0], next(v for v in variants if v.name == "DUO")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"\n{m.title}: {n_params / 1e6:.2f} M parameters; {runs} runs x {rounds} rounds")
-    print(
-        f"  {'variant':12s} {'CPU ms':>8s} {'+ms':>7s} {'vs DUO':>7s} {'[min, max]':>14s}"
-        f" {'syncs/step':>10s} {'train MiB':>10s} {'+%':>6s} {'eval MiB':>9s} {'+%':>6s}"
-    )
-    misses = []
-    base_ms = statistics.median(statistics.median(r) for r in variants[0].cpu) * 1e3
+    print(HEADER)
+    missed = []
     for v in variants:
-        ms = statistics.median(statistics.median(r) for r in v.cpu) * 1e3
-        r = over[v.name]
-        cells = [f"  {v.name:12s} {ms:8.2f} {ms - base_ms:7.2f}"]
-        cells.append(f"{statistics.median(r):7.2f} [{min(r):5.2f}, {max(r):5.2f}]")
         syncs = "" if v.name.startswith("base") else f"{readbacks_per_step(v, loss_of):.1f}"
-        cells.append(f"{syncs:>10s}")
-        for i in (0, 1):
-            mib, base_mib = peaks[v.name][i] / 2**20, peaks["base"][i] / 2**20
-            cells.append(f"{mib:10.1f} {100 * (mib / base_mib - 1):+5.1f}%")
-        print(" ".join(cells))
-        target = TARGETS.get(v.name)
-        if target is not None and statistics.median(r) > target:
-            misses.append(f"{m.key}: {v.name} {statistics.median(r):.2f} > {target}")
-        worst = max(peaks[v.name][i] / peaks["base"][i] - 1 for i in (0, 1))
-        if v.name in TARGETS and worst > MEMORY_TARGET:
-            misses.append(f"{m.key}: {v.name} peak memory +{100 * worst:.1f}%")
-    return misses
+        print(row(v, base, duo, syncs, peaks))
+        missed += misses(m, v, base, duo, peaks)
+    return missed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,18 +412,25 @@ def main(argv: list[str] | None = None) -> None:
     print("$", shlex.join([sys.executable, *sys.argv]))
     torch.set_num_threads(1)  # the machine is shared: one thread keeps medians steady
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, CPU")
+    print(
+        "Each tracer mode (fast, auto, full; `fwd`: forward only, as DUO) against DUO, with what"
+        " each records per tensor beside it: `auto fwd` and `full fwd` record at least what DUO"
+        " does, `fast` less. Rounds step every variant once, in rotated order."
+    )
     keys = args.models.split(",")
-    misses = []
+    missed = []
     for m in MODELS:
         if m.key in keys:
             runs, rounds = (1, max(3, m.rounds // 10)) if args.quick else (args.runs, m.rounds)
-            misses += bench(m, runs, rounds)
+            missed += bench(m, runs, rounds)
     print(
-        "\nCPU ms: median over runs of the median thread CPU time per step; vs DUO = (variant -"
-        " base) / (DUO - base), median over runs [min, max]; `base again` is the control."
-        " Targets: distnb <= 0.25, distnb fwd <= 0.15, peak memory within 5% of base."
+        "\nstep ms: median thread CPU time of a step over all rounds; +ms: median over rounds of"
+        " (variant - base in the same round); vs DUO = that median / DUO's (the +ms printed),"
+        " 95% interval from a paired bootstrap over rounds; `base again` (no hooks) is the noise"
+        " floor. Targets, for the default `fast` (records less than DUO): fast <= 0.25,"
+        " fast fwd <= 0.15, peak memory within 5% of base."
     )
-    print("Misses: " + ("; ".join(misses) if misses else "none"))
+    print("Misses: " + ("; ".join(missed) if missed else "none"))
 
 
 if __name__ == "__main__":

@@ -2,30 +2,47 @@
 
     python bench/bench_session.py [--repeats 5] [--cells 200]
 
-Each figure is a median, printed beside its peer measured in the same run:
+Each time is a median with its 95% interval (`median_ci`: order statistics; with few values
+that is the minimum and maximum). Each ratio is the ratio of the two medians printed beside it
+(`ratio_of_medians`), with a 95% interval from a paired bootstrap (a resampled pair keeps both
+of its times):
 - start: `distnb.start(2)` until every rank is in the process group, against plain ipyparallel
   (`Cluster(n=2).start_and_connect_sync()` with its defaults) + `import torch` on the engines
-  + `init_process_group("gloo")`;
-- stop: `session.stop()` until no process of the cluster runs;
+  + `init_process_group("gloo")`; each repeat starts both, one after the other with nothing
+  else running, the order alternating (raw first in repeats 1, 3, ...; distnb first in 2, 4,
+  ...), paired per repeat;
+- stop: `session.stop()` until no process of the cluster runs, per repeat;
 - cell: an empty `session.run("")` (what `%%allranks` does) against a raw
   `DirectView.execute("")` on the same cluster, both as `execute(block=True)` (returns at the
   reply) and waiting for the engines' output as well (what `%%px` and distnb must do to show it);
-- shapes: `session.shapes()` over a namespace of 1,000 tensors on each of the 2 ranks.
+  in rounds of one cell of each kind, the order rotated round by round, paired per round, after
+  warm-up rounds that are not counted (the output says how many);
+- shapes: `session.shapes()` over a namespace of 1,000 tensors on each of the 2 ranks;
+- desync: a cell in which rank 1 finishes while rank 0 waits at an all_reduce, until
+  `CollectiveDesyncError`; the output says how many of the runs raised it (only those are
+  timed: a run that does not raise measures something else).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 
 import distnb
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from median_ci import median_ci, ratio_of_medians  # bench/ is on the path, as above
+
+WARMUP_ROUNDS = 10
 
 
 def raw_start() -> tuple[float, Any]:
@@ -44,6 +61,13 @@ def raw_start() -> tuple[float, Any]:
         block=True,
     )
     return time.perf_counter() - started, cluster
+
+
+def raw_start_stopped() -> float:
+    """raw_start's time, its cluster stopped before anything else starts."""
+    elapsed, cluster = raw_start()
+    cluster.stop_cluster_sync()
+    return elapsed
 
 
 def _free_port() -> int:
@@ -76,7 +100,10 @@ def _runs(pid: int) -> bool:
         return False
 
 
-def cell_times(session: distnb.Session, cells: int) -> tuple[list[float], ...]:
+def cell_times(session: distnb.Session, rounds: int) -> dict[str, list[float]]:
+    """kind -> its empty cell's time in each round (s). A round runs one cell of each kind, the
+    order rotated round by round, so drift on a busy machine hits all kinds alike and each
+    kind's time pairs with the others' from the same round."""
     view = session._cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
 
     def raw_with_output() -> None:
@@ -84,25 +111,23 @@ def cell_times(session: distnb.Session, cells: int) -> tuple[list[float], ...]:
         ar.get()
         ar.wait_for_output()
 
-    ours: list[float] = []
-    raw: list[float] = []
-    raw_out: list[float] = []
-    for _ in range(10):  # warm-up
-        session.run("")
-        view.execute("", block=True)
-    for _ in range(cells):  # interleaved, so drift on a busy machine hits all alike
-        for fn, times in (
-            (lambda: session.run(""), ours),
-            (lambda: view.execute("", block=True), raw),
-            (raw_with_output, raw_out),
-        ):
+    kinds: dict[str, Callable[[], Any]] = {
+        "distnb": lambda: session.run(""),
+        "raw": lambda: view.execute("", block=True),
+        "raw+output": raw_with_output,
+    }
+    names = list(kinds)
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(-WARMUP_ROUNDS, rounds):  # the rounds below 0 warm up and are not counted
+        for name in names[r % 3 :] + names[: r % 3]:
             t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return ours, raw, raw_out
+            kinds[name]()
+            if r >= 0:
+                times[name].append(time.perf_counter() - t)
+    return times
 
 
-def shapes_time(session: distnb.Session, repeats: int = 7) -> float:
+def shapes_times(session: distnb.Session, repeats: int = 7) -> list[float]:
     session.run("g = globals()\nfor i in range(1000):\n    g[f't{i}'] = torch.zeros(8, i % 7 + 1)")
     times = []
     for _ in range(repeats):
@@ -110,12 +135,14 @@ def shapes_time(session: distnb.Session, repeats: int = 7) -> float:
         view = session.shapes()
         times.append(time.perf_counter() - t)
     assert len(view.table.rows) >= 1000
-    return statistics.median(times)
+    return times
 
 
-def desync_release_time(session: distnb.Session, repeats: int = 7) -> float:
+def desync_release_times(session: distnb.Session, repeats: int = 7) -> tuple[list[float], int]:
     """A cell in which rank 1 finishes at once while rank 0 waits at an all_reduce: the whole
-    cell's time is the time to release rank 0 (plus one empty cell's round trip)."""
+    cell's time is the time to release rank 0 (plus one empty cell's round trip). Returns the
+    times of the runs that raised CollectiveDesyncError, and how many runs there were, so the
+    output can say how many did not raise (their time measures something else)."""
     from distnb.errors import CollectiveDesyncError
 
     times = []
@@ -125,52 +152,87 @@ def desync_release_time(session: distnb.Session, repeats: int = 7) -> float:
             session.run("x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)", timeout=30)
         except CollectiveDesyncError:
             times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    if not times:
+        raise RuntimeError(f"desync: none of {repeats} runs raised CollectiveDesyncError")
+    return times, repeats
+
+
+def _time(values: list[float], scale: float) -> str:
+    """median [95% interval], scaled."""
+    low, high = median_ci(values)
+    return f"{statistics.median(values) * scale:8.3f} [{low * scale:.3f}-{high * scale:.3f}]"
+
+
+def _row(name: str, ours: list[float], peer: list[float] | None, scale: float, label: str) -> str:
+    """A measure's line: distnb's time, the peer's and the ratio of their medians, if any."""
+    if peer is None:
+        return f"{name:42} {_time(ours, scale):>26} {'':>26} {'':>20}  {label}".rstrip()
+    ratio, low, high = ratio_of_medians(ours, peer)
+    ratio_text = f"{ratio:6.2f}x [{low:.2f}-{high:.2f}]"
+    return f"{name:42} {_time(ours, scale):>26} {_time(peer, scale):>26} {ratio_text:>20}  {label}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cells", type=int, default=200)
+    parser.add_argument("--cells", type=int, default=200, help="rounds of one cell of each kind")
     args = parser.parse_args()
     print(f"$ python bench/bench_session.py --repeats {args.repeats} --cells {args.cells}")
     print(f"# {platform.node()}: {psutil.cpu_count()} cores, Python {platform.python_version()}")
     starts, raws, stops = [], [], []
     for i in range(args.repeats):
-        t_raw, cluster = raw_start()
-        cluster.stop_cluster_sync()
+        distnb_first = i % 2 == 1  # alternate, so neither start always goes first
+        if not distnb_first:
+            raws.append(raw_start_stopped())
         t_ours, session = distnb_start()
-        raws.append(t_raw)
         starts.append(t_ours)
         if i == 0:
-            ours_cells, raw_cells, raw_out_cells = cell_times(session, args.cells)
-            shapes = shapes_time(session)
-            release = desync_release_time(session)
+            cells = cell_times(session, args.cells)
+            shapes = shapes_times(session)
+            release, runs = desync_release_times(session)
         stops.append(stop_time(session))
-    med = statistics.median
+        if distnb_first:
+            raws.append(raw_start_stopped())
+    print(
+        f"# start: {args.repeats} repeats, the order alternating (raw first in repeats 1, 3, ...;"
+        " distnb first in 2, 4, ...), paired per repeat"
+    )
+    print(
+        f"# cell: {args.cells} rounds of one cell of each kind (order rotated), paired per round;"
+        f" {WARMUP_ROUNDS} warm-up rounds before them not counted"
+    )
+    print(
+        "# times: median [95% interval of the median, order statistics: with few values, min-max];"
+        "\n# ratio: distnb's median / the peer's median [95% interval, paired bootstrap]"
+    )
+    print(f"{'measure':42} {'distnb':>26} {'peer':>26} {'ratio':>20}  peer")
     rows = [
-        ("start to ready, 2 ranks (s)", med(starts), med(raws), "raw ipyparallel+torch+init"),
-        ("stop, every process gone (s)", med(stops), None, ""),
-        (
+        _row("start to ready, 2 ranks (s)", starts, raws, 1, "raw ipyparallel+torch+init"),
+        _row("stop, every process gone (s)", stops, None, 1, ""),
+        _row(
             "empty cell round trip (ms)",
-            med(ours_cells) * 1e3,
-            med(raw_cells) * 1e3,
+            cells["distnb"],
+            cells["raw"],
+            1e3,
             "raw DirectView.execute(block=True)",
         ),
-        (
+        _row(
             "empty cell round trip (ms)",
-            med(ours_cells) * 1e3,
-            med(raw_out_cells) * 1e3,
+            cells["distnb"],
+            cells["raw+output"],
+            1e3,
             "raw execute + wait for output",
         ),
-        ("shape table, 1,000 tensors x 2 ranks (s)", shapes, None, ""),
-        ("desync: rank done -> waiter released (s)", release, None, ""),
+        _row("shape table, 1,000 tensors x 2 ranks (s)", shapes, None, 1, ""),
+        _row(
+            "desync: rank done -> waiter released (s)",
+            release,
+            None,
+            1,
+            f"{len(release)} of {runs} runs raised CollectiveDesyncError (only those timed)",
+        ),
     ]
-    print(f"{'measure':42} {'distnb':>9} {'peer':>9} {'ratio':>7}  peer")
-    for name, ours, peer, label in rows:
-        ratio = f"{ours / peer:6.2f}x" if peer else ""
-        peer_text = f"{peer:9.3f}" if peer else " " * 9
-        print(f"{name:42} {ours:9.3f} {peer_text} {ratio:>7}  {label}")
+    print("\n".join(rows))
     sys.stdout.flush()
 
 
