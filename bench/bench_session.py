@@ -157,6 +157,32 @@ def desync_release_times(session: distnb.Session, repeats: int = 7) -> tuple[lis
     return times, repeats
 
 
+def store_path_release_times(repeats: int = 9) -> tuple[list[float], list[float]]:
+    """The desync release through the store (ranks as if on different hosts, DISTNB_SHM=0)
+    and through shared memory, each on a session of its own, taking turns run by run."""
+    import os
+
+    from distnb.rank.checked.checker import SHM_VAR
+
+    os.environ[SHM_VAR] = "0"
+    try:
+        store = distnb.start(2, progress=False)
+    finally:
+        del os.environ[SHM_VAR]
+    shm = distnb.start(2, progress=False)
+    through: dict[str, list[float]] = {"store": [], "shm": []}
+    try:
+        for i in range(repeats):
+            turns = [("store", store), ("shm", shm)]
+            for name, session in turns[::-1] if i % 2 else turns:
+                times, _ = desync_release_times(session, repeats=1)
+                through[name] += times
+    finally:
+        store.stop()
+        shm.stop()
+    return through["store"], through["shm"]
+
+
 def _time(values: list[float], scale: float) -> str:
     """median [95% interval], scaled."""
     low, high = median_ci(values)
@@ -193,6 +219,7 @@ def main() -> None:
         stops.append(stop_time(session))
         if distnb_first:
             raws.append(raw_start_stopped())
+    store_release, shm_release = store_path_release_times()
     print(
         f"# start: {args.repeats} repeats, the order alternating (raw first in repeats 1, 3, ...;"
         " distnb first in 2, 4, ...), paired per repeat"
@@ -230,6 +257,13 @@ def main() -> None:
             None,
             1,
             f"{len(release)} of {runs} runs raised CollectiveDesyncError (only those timed)",
+        ),
+        _row(
+            "desync release, store path (s)",
+            store_release,
+            shm_release,
+            1,
+            "the same through shared memory (DISTNB_SHM=0 against 1, turns)",
         ),
     ]
     print("\n".join(rows))
