@@ -1,15 +1,16 @@
-"""A second host on this machine, for rehearsing distnb across hosts.
+"""Other hosts on this machine, for rehearsing distnb across hosts.
 
-`SecondHost` makes one as a real one differs: its own network (a network namespace joined to
-this one by a veth pair, on addresses of the reserved benchmarking range 198.18.0.0/15), its own
-host name, process ids, /tmp, home and /dev/shm (UTS, PID and mount namespaces), and an sshd
-that accepts a key made for the test. The file system is otherwise shared, as a cluster's shared
-home is, so the remote Python is this checkout's virtualenv.
+`Lan` is a network of rehearsal hosts: a router (a network namespace that forwards) joined to
+this machine, the kernel's, at 198.18.76.1, and `Lan.add_host` makes a host behind it at
+198.18.<76+k>.2 as a real one differs: its own network, host name, process ids, /tmp, home and
+/dev/shm (network, UTS, PID and mount namespaces), and an sshd that accepts the key the `Lan`
+made. The file system is otherwise shared, as a cluster's shared home is, so the remote Python is
+this checkout's virtualenv. Hosts reach each other and the kernel through the router.
 
-Nothing leaks: both sides get an `unreachable` route for the whole range, so when the link goes
-down (`link(up=False)`) packets for the other host fail at once instead of taking the default
-route. `close()` ends every process of the host (they live in its PID namespace) and removes the
-namespace, the link and the routes.
+Addresses come from the reserved benchmarking range 198.18.0.0/15, and every side has an
+`unreachable` route for the whole range, so when a host's link goes down (`Host.link(up=False)`)
+packets for it fail at once instead of taking a default route. `Lan.close()` ends every process
+of every host (each lives in its PID namespace) and removes the namespaces, links and routes.
 
 Needs root, iproute2, util-linux's `unshare` and openssh's `sshd` and `ssh` (.ci/run installs
 them); `missing()` says what is not there.
@@ -27,24 +28,27 @@ import time
 from pathlib import Path
 
 RANGE = "198.18.0.0/15"  # RFC 2544's benchmarking range: never routed on the internet
+LAN = "198.18.76.0/22"  # the kernel's link (.76) and up to three hosts (.77-.79)
+KERNEL_ADDR, ROUTER_ADDR = "198.18.76.1", "198.18.76.2"
 SSH_OPTIONS = [
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=no",
-    "-o",
-    "UserKnownHostsFile=/dev/null",
-    "-o",
-    "IdentitiesOnly=yes",
-    "-o",
-    "LogLevel=ERROR",
-    "-o",
-    "ConnectTimeout=5",
+    *("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"),
+    *("-o", "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes"),
+    *("-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5"),
 ]
 
 
+# The host's first process, as an init: starts sshd and reaps every orphan (an engine whose
+# launcher exited is one; unreaped, it stays a zombie that ipyparallel's ssh waits on).
+_INIT = (
+    "import os, subprocess\n"
+    'subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", "/tmp/sshd/sshd_config"])\n'
+    "while True:\n"
+    "    os.wait()\n"
+)
+
+
 def missing() -> str:
-    """What this machine lacks to make a second host ("" if nothing)."""
+    """What this machine lacks to make rehearsal hosts ("" if nothing)."""
     if os.geteuid() != 0:
         return "root (network namespaces)"
     for tool in ("ip", "unshare", "ssh", "scp", "ssh-keygen"):
@@ -60,28 +64,89 @@ def missing() -> str:
 
 
 def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
 
 
-class SecondHost:
-    """Host `name` at 198.18.<net>.2, reached from this one's 198.18.<net>.1 (see the module)."""
+class Lan:
+    """The router, the kernel's link to it, and the hosts added behind it (see the module)."""
 
-    def __init__(self, state: Path, name: str = "h2", net: int = 77) -> None:
-        self.name = name
+    def __init__(self, state: Path) -> None:
+        self.state = state
         self.tag = f"dnbt{os.getpid() % 100000}"
-        self.netns = f"{self.tag}-{name}"
-        self.local_if, self.remote_if = f"{self.tag}a", f"{self.tag}b"
-        self.local_addr, self.addr = f"198.18.{net}.1", f"198.18.{net}.2"
-        self.root = state  # its /tmp and home are folders here, seen from this host
-        self.tmp, self.home = state / "tmp", state / "home"
+        self.router = f"{self.tag}-lan"
+        self.kernel_addr = KERNEL_ADDR
         self.key = state / "id_ed25519"
-        self._sshd: subprocess.Popen[bytes] | None = None
-        self._made: list[list[str]] = []  # commands that undo what was made, last first
+        self.hosts: list[Host] = []
+        self._undo: list[list[str]] = []  # commands that undo what was made, last first
         try:
-            self._make_network()
-            self._start_sshd()
+            self._make()
         except BaseException:
             self.close()
+            raise
+
+    def _make(self) -> None:
+        _run("ip", "netns", "add", self.router)
+        self._undo.append(["ip", "netns", "del", self.router])
+        kernel_if = f"{self.tag}k"
+        _run("ip", "link", "add", kernel_if, "type", "veth", "peer", "name", f"{self.tag}r")
+        self._undo.append(["ip", "link", "del", kernel_if])
+        _run("ip", "link", "set", f"{self.tag}r", "netns", self.router)
+        _run("ip", "addr", "add", f"{KERNEL_ADDR}/30", "dev", kernel_if)
+        _run("ip", "link", "set", kernel_if, "up")
+        inside = self.in_router
+        _run(*inside, "ip", "addr", "add", f"{ROUTER_ADDR}/30", "dev", f"{self.tag}r")
+        _run(*inside, "ip", "link", "set", f"{self.tag}r", "up")
+        _run(*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1")  # this namespace's own
+        _run(*inside, "ip", "route", "add", "unreachable", RANGE)
+        _run("ip", "route", "add", LAN, "via", ROUTER_ADDR)
+        self._undo.append(["ip", "route", "del", LAN])
+        if subprocess.run(["ip", "route", "add", "unreachable", RANGE]).returncode == 0:
+            self._undo.append(["ip", "route", "del", "unreachable", RANGE])
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
+
+    @property
+    def in_router(self) -> list[str]:
+        return ["ip", "netns", "exec", self.router]
+
+    @property
+    def ssh_args(self) -> list[str]:
+        """What ssh (and scp) need to reach the hosts: the test's key and no known_hosts file."""
+        return ["-i", str(self.key), *SSH_OPTIONS]
+
+    def add_host(self, name: str) -> Host:
+        host = Host(self, name, len(self.hosts) + 1)
+        self.hosts.append(host)
+        return host
+
+    def close(self) -> None:
+        """End every host's processes, then remove what was made."""
+        for host in self.hosts:
+            host.stop()
+        for cmd in reversed(self._undo):
+            subprocess.run(cmd, capture_output=True)
+        self._undo.clear()
+
+
+class Host:
+    """Host `name` at 198.18.<76+index>.2, behind the `Lan`'s router."""
+
+    def __init__(self, lan: Lan, name: str, index: int) -> None:
+        self.lan, self.name = lan, name
+        self.netns = f"{lan.tag}-{name}"
+        self.router_if, self.remote_if = f"{lan.tag}r{index}", f"{lan.tag}h{index}"
+        self.gateway, self.addr = f"198.18.{76 + index}.1", f"198.18.{76 + index}.2"
+        self.root = lan.state / name  # its /tmp and home are folders here, seen from the kernel
+        self.tmp, self.home = self.root / "tmp", self.root / "home"
+        self._sshd: subprocess.Popen[bytes] | None = None
+        _run("ip", "netns", "add", self.netns)
+        lan._undo.append(["ip", "netns", "del", self.netns])
+        self._link()
+        try:
+            self._start_sshd()
+        except BaseException:
+            self.stop()
             raise
 
     @property
@@ -89,38 +154,29 @@ class SecondHost:
         """The prefix of a command run in the host's network."""
         return ["ip", "netns", "exec", self.netns]
 
-    # --- making it ------------------------------------------------------------------------------
-
-    def _undo(self, *cmd: str) -> None:
-        self._made.append(list(cmd))
-
-    def _make_network(self) -> None:
-        _run("ip", "netns", "add", self.netns)
-        self._undo("ip", "netns", "del", self.netns)
-        _run("ip", "link", "add", self.local_if, "type", "veth", "peer", "name", self.remote_if)
-        self._undo("ip", "link", "del", self.local_if)
-        _run("ip", "link", "set", self.remote_if, "netns", self.netns)
-        _run("ip", "addr", "add", f"{self.local_addr}/30", "dev", self.local_if)
-        _run("ip", "link", "set", self.local_if, "up")
-        inside = self.inside
-        _run(*inside, "ip", "addr", "add", f"{self.addr}/30", "dev", self.remote_if)
-        _run(*inside, "ip", "link", "set", self.remote_if, "up")
-        _run(*inside, "ip", "link", "set", "lo", "up")
-        _run(*inside, "ip", "route", "add", "unreachable", RANGE)
-        if subprocess.run(["ip", "route", "add", "unreachable", RANGE]).returncode == 0:
-            self._undo("ip", "route", "del", "unreachable", RANGE)
+    def _link(self) -> None:
+        router = self.lan.in_router
+        _run(*router, "ip", "link", "add", self.router_if, "type", "veth", "peer", "name",
+             self.remote_if)  # fmt: skip
+        _run(*router, "ip", "link", "set", self.remote_if, "netns", self.netns)
+        _run(*router, "ip", "addr", "add", f"{self.gateway}/30", "dev", self.router_if)
+        _run(*router, "ip", "link", "set", self.router_if, "up")
+        _run(*self.inside, "ip", "addr", "add", f"{self.addr}/30", "dev", self.remote_if)
+        _run(*self.inside, "ip", "link", "set", self.remote_if, "up")
+        _run(*self.inside, "ip", "link", "set", "lo", "up")
+        _run(*self.inside, "ip", "route", "add", LAN, "via", self.gateway)
+        _run(*self.inside, "ip", "route", "add", "unreachable", RANGE)
 
     def _start_sshd(self) -> None:
         sshd_dir = self.tmp / "sshd"  # /tmp/sshd on the host
         sshd_dir.mkdir(parents=True)
         self.home.mkdir()
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(sshd_dir / "host_key"))
-        shutil.copy(f"{self.key}.pub", sshd_dir / "authorized_keys")
+        shutil.copy(f"{self.lan.key}.pub", sshd_dir / "authorized_keys")
         (sshd_dir / "sshd_config").write_text(
             f"ListenAddress {self.addr}\nHostKey /tmp/sshd/host_key\n"
             "AuthorizedKeysFile /tmp/sshd/authorized_keys\nPermitRootLogin yes\n"
-            "StrictModes no\nUsePAM no\nPidFile /tmp/sshd/pid\nAcceptEnv *\n"
+            "StrictModes no\nUsePAM no\nPidFile /tmp/sshd/pid\n"
             "Subsystem sftp /usr/lib/openssh/sftp-server\n"
         )
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
@@ -134,7 +190,7 @@ class SecondHost:
         setup = (
             f"hostname {self.name} && {keep}mount --rbind {self.home} {home} && "
             f"mount --bind {self.tmp} /tmp && mount -t tmpfs tmpfs /dev/shm && "
-            "exec /usr/sbin/sshd -D -e -f /tmp/sshd/sshd_config"
+            f"exec {sys.executable} -c '{_INIT}'"
         )
         namespaces = ["unshare", "--uts", "--mount", "--pid", "--fork", "--kill-child"]
         self._sshd = subprocess.Popen(
@@ -151,14 +207,9 @@ class SecondHost:
 
     # --- using it -------------------------------------------------------------------------------
 
-    @property
-    def ssh_args(self) -> list[str]:
-        """What ssh (and scp) need to reach the host: the test's key and no known_hosts file."""
-        return ["-i", str(self.key), *SSH_OPTIONS]
-
     def ssh(self, command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ssh", *self.ssh_args, f"root@{self.addr}", command],
+            ["ssh", *self.lan.ssh_args, f"root@{self.addr}", command],
             capture_output=True,
             text=True,
             timeout=30,
@@ -170,21 +221,18 @@ class SecondHost:
         return [line for line in lines if "sshd" not in line and "ps -eo" not in line]
 
     def link(self, up: bool) -> None:
-        """Take the link between the hosts down (as a cable pulled) or up again."""
-        _run("ip", "link", "set", self.local_if, "up" if up else "down")
+        """Take the host's link down (as a cable pulled) or up again."""
+        _run(*self.lan.in_router, "ip", "link", "set", self.router_if, "up" if up else "down")
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
             return (self.root / "sshd.log").read_text(errors="replace")[-2000:]
         return ""
 
-    def close(self) -> None:
-        """End every process of the host, then remove what was made."""
+    def stop(self) -> None:
+        """End every process of the host (its sshd is its PID namespace's first)."""
         if self._sshd is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._sshd.pid, signal.SIGKILL)  # unshare's --kill-child ends the rest
             self._sshd.wait()
             self._sshd = None
-        for cmd in reversed(self._made):
-            subprocess.run(cmd, capture_output=True)
-        self._made.clear()

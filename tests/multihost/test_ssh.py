@@ -1,8 +1,8 @@
-"""Ranks on another host, started over ssh as a user would: `distnb.start(hosts=..., host=...)`.
+"""Ranks on other hosts, started over ssh as a user would: `distnb.start(hosts=..., host=...)`.
 
-The other host is a rehearsal one (`hosts.SecondHost`: its own network, host name, PIDs, /tmp,
-home and /dev/shm, an sshd), reached on addresses the test makes; skipped where the machine
-cannot make one.
+The hosts are rehearsal ones (`hosts.Lan`: each with its own network, host name, PIDs, /tmp,
+home and /dev/shm, and an sshd, behind a router), on addresses the test makes; skipped where
+the machine cannot make them.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 
 import distnb
-from distnb.errors import CollectiveMismatchError, DistnbWarning
+from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, DistnbWarning
 from distnb.session import Session
-from tests.multihost.hosts import SecondHost, missing
+from tests.multihost.hosts import Host, Lan, missing
 
 pytestmark = [
     pytest.mark.multihost,
-    pytest.mark.skipif(bool(missing()), reason=f"a rehearsal host needs {missing()}"),
+    pytest.mark.skipif(bool(missing()), reason=f"rehearsal hosts need {missing()}"),
 ]
 
 # A stop asks each host once, in parallel, for at most 5 s (distnb.session.remote); a loaded
@@ -28,20 +28,27 @@ STOP_BOUND_S = 15
 
 
 @pytest.fixture(scope="module")
-def h2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondHost]:
-    host = SecondHost(tmp_path_factory.mktemp("h2"))
-    yield host
-    host.close()
+def lan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lan]:
+    network = Lan(tmp_path_factory.mktemp("lan"))
+    try:
+        network.add_host("h2")
+        network.add_host("h3")
+        yield network
+    finally:
+        network.close()
 
 
-def start_on(host: SecondHost, ranks: int = 2) -> Session:
-    return distnb.start(
-        hosts={host.addr: ranks}, host=host.local_addr, ssh_args=host.ssh_args, progress=False
-    )
+def start_on(lan: Lan, hosts: dict[str, int]) -> Session:
+    return distnb.start(hosts=hosts, host=lan.kernel_addr, ssh_args=lan.ssh_args, progress=False)
 
 
-def test_ranks_start_on_the_other_host_and_leave_nothing_there(h2: SecondHost) -> None:
-    s = start_on(h2)
+def engines_on(host: Host) -> int:
+    return len([p for p in host.processes() if "distnb.rank.engine" in p])
+
+
+def test_ranks_start_on_another_host_and_leave_nothing_there(lan: Lan) -> None:
+    h2 = lan.hosts[0]
+    s = start_on(lan, {h2.addr: 2})
     try:
         result = s.run(
             "import os, socket\nx = torch.full((2,), rank + 1.0)\ndist.all_reduce(x)\n"
@@ -49,9 +56,7 @@ def test_ranks_start_on_the_other_host_and_leave_nothing_there(h2: SecondHost) -
         )
         for r in (0, 1):  # gloo on the interface that reaches the kernel, not the host name's
             assert result.result(r) == f"('h2', '{h2.remote_if}', [3.0, 3.0])"
-        assert len([p for p in h2.processes() if "distnb.rank.engine" in p]) == 2
-        with pytest.raises(CollectiveMismatchError, match=r"rank 1: all_reduce\(float32\[3\]"):
-            s.run("dist.all_reduce(torch.ones(2 + rank))")
+        assert engines_on(h2) == 2
     finally:
         started = time.monotonic()
         s.stop()
@@ -60,8 +65,47 @@ def test_ranks_start_on_the_other_host_and_leave_nothing_there(h2: SecondHost) -
     assert [p.name for p in h2.tmp.iterdir()] == ["sshd"]  # the profile copy removed too
 
 
-def test_a_stop_with_the_host_cut_off_is_bounded_and_says_so(h2: SecondHost) -> None:
-    s = start_on(h2)
+@pytest.fixture(scope="module")
+def two_hosts(lan: Lan) -> Iterator[Session]:
+    """One rank on each of h2 and h3."""
+    with start_on(lan, {h.addr: 1 for h in lan.hosts}) as s:
+        yield s
+
+
+def test_ranks_on_two_hosts_reduce_together_and_check_through_the_store(
+    two_hosts: Session,
+) -> None:
+    result = two_hosts.run(
+        "import socket\nfrom distnb.rank.checked import _checker\n"
+        "x = torch.full((3,), rank + 1.0)\ndist.all_reduce(x)\n"
+        "board = _checker.groups[dist.group.WORLD.group_name].board\n"
+        "(socket.gethostname(), type(board).__name__, x.tolist())"
+    )
+    assert result.result(0) == "('h2', 'StoreBoard', [3.0, 3.0, 3.0])"
+    assert result.result(1) == "('h3', 'StoreBoard', [3.0, 3.0, 3.0])"
+
+
+def test_a_mismatch_across_hosts_names_each_rank_call(two_hosts: Session) -> None:
+    with pytest.raises(CollectiveMismatchError, match=r"rank 1: broadcast\(float32\[3\]"):
+        two_hosts.run("dist.broadcast(torch.zeros(2 + rank), src=0)")
+    late = two_hosts.run(  # a rank seconds late across hosts is waited for
+        "import time\nif rank == 1:\n    time.sleep(3)\nx = torch.ones(1)\ndist.all_reduce(x)\n"
+        "x.item()"
+    )
+    assert late.result(0) == "2.0"
+
+
+def test_a_rank_that_finishes_releases_its_peer_on_the_other_host(two_hosts: Session) -> None:
+    started = time.monotonic()
+    with pytest.raises(CollectiveDesyncError, match="rank 1 finished"):
+        two_hosts.run("x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)")
+    assert time.monotonic() - started < 10
+    assert two_hosts.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(1) == "2.0"
+
+
+def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(lan: Lan) -> None:
+    h2 = lan.hosts[0]
+    s = start_on(lan, {h2.addr: 1})
     h2.link(up=False)
     try:
         started = time.monotonic()
