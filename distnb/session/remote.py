@@ -68,6 +68,10 @@ def stop(engines: list[RemoteEngine], timeout: float = 5.0) -> list[str]:
             proc.wait()
         if proc.returncode != 0:
             silent.append(host)
+    for engine in engines:  # ipyparallel's wait ends once it sees the engine gone
+        thread = getattr(engine.launcher, "_wait_thread", None)
+        if thread is not None and engine.location not in silent:
+            thread.join(max(0.0, deadline - time.monotonic()))
     return silent
 
 
