@@ -8,6 +8,7 @@ into an interrupt of the ranks. What ranks send back is translated by `distnb.se
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from distnb.session.control import ControlPlane
 from distnb.session.debug import Desk, frontend_stdin
 from distnb.session.failures import error_of, is_engine_death, stuck_message, to_failure
 from distnb.session.oom import OomWatch, ended_text
+from distnb.session.remote import REMOTE_LOST
 from distnb.session.watch import (
     Member,
     Role,
@@ -311,10 +313,7 @@ class CellRun:
         sent = self.output is not None
         when = f" in {self.request.where}" if sent else f" before {self.request.where}"
         code = self.request.code if sent else None
-        hows = {
-            info.rank: ended_text(info.pid, self.cluster.exit_status(info.pid), self.oom)
-            for info in died
-        }
+        hows = {info.rank: self._how(info) for info in died}
         lines = []
         shown: set[str] = set()  # ranks under mpiexec share its log: shown once, unattributed
         for info in died:
@@ -333,6 +332,13 @@ class CellRun:
             + "\nThe process group lost a member: run %dist_restart (or session.restart())."
         )
         raise errors.RankDiedError(message, failures)
+
+    def _how(self, info: RankInfo) -> str:
+        """How a rank's process ended (on another host: that it left the cluster)."""
+        code = self.cluster.exit_status(info.pid)
+        if code is None and info.host != socket.gethostname():
+            return REMOTE_LOST
+        return ended_text(info.pid, code, self.oom)
 
     def _watch(self) -> None:
         """Raise if a process the cluster needs is gone: a rank's engine as `RankDiedError`,

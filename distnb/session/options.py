@@ -88,13 +88,16 @@ class Options:
         Python and distnb's engine on it, ssh's and scp's arguments)."""
         if self.engines != "ssh":
             return {}
+        from distnb.session.remote import SSH_OPTIONS
+
         python = self.python or sys.executable
+        ssh_args = [*self.ssh_args, *SSH_OPTIONS]
         return {
             "engines": dict(self.hosts),
             "remote_python": python,
             "engine_cmd": [python, "-m", "distnb.rank.engine"],
-            "ssh_args": list(self.ssh_args),
-            "scp_args": list(self.ssh_args),
+            "ssh_args": ssh_args,
+            "scp_args": ssh_args,
         }
 
 

@@ -18,7 +18,24 @@ import time
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["RemoteEngine", "remote_engines", "stop"]
+__all__ = [
+    "REMOTE_LOST",
+    "SSH_OPTIONS",
+    "RemoteEngine",
+    "remote_engines",
+    "ssh_engine_set",
+    "stop",
+]
+
+# How an engine on another host ended, as far as the kernel can tell: the controller stopped
+# hearing it (a nanny there reports a death; a cut link, only the heartbeat's silence tells).
+REMOTE_LOST = (
+    "left the cluster (the process died, or its host or the network to it went down; the exit "
+    "status of a process on another host is not known here)"
+)
+# After the user's own ssh arguments (ssh keeps an option's first value): a connection whose
+# peer went silent ends within ~6 s instead of when TCP gives up (minutes).
+SSH_OPTIONS = ("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3")
 
 # What runs on the host: SIGKILL to the session of each pid (an engine leads its own).
 _KILL = (
@@ -29,6 +46,27 @@ _KILL = (
     "    except OSError:\n"
     "        pass\n"
 )
+
+
+def ssh_engine_set() -> type:
+    """ipyparallel's ssh engine set, whose wait for an engine's end goes quiet once `stop` has
+    taken the engine over (its ssh to a host that went silent ends by `SSH_OPTIONS`' keepalive,
+    and would otherwise print a traceback from ipyparallel's thread)."""
+    from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
+
+    class Engine(SSHEngineLauncher):  # type: ignore[misc]
+        def wait_one(self, timeout: float) -> int:
+            try:
+                return int(super().wait_one(timeout))
+            except Exception:
+                if self._stop_waiting.is_set():
+                    return -1  # ended by `stop`, which says so if it could not
+                raise
+
+    class EngineSet(SSHEngineSetLauncher):  # type: ignore[misc]
+        launcher_class = Engine
+
+    return EngineSet
 
 
 class RemoteEngine:

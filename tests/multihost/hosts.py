@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 RANGE = "198.18.0.0/15"  # RFC 2544's benchmarking range: never routed on the internet
 LAN = "198.18.76.0/22"  # the kernel's link (.76) and up to three hosts (.77-.79)
 KERNEL_ADDR, ROUTER_ADDR = "198.18.76.1", "198.18.76.2"
@@ -121,9 +123,14 @@ class Lan:
         return host
 
     def close(self) -> None:
-        """End every host's processes, then remove what was made."""
+        """End every host's processes and this machine's ssh clients of them (one to a host
+        that was cut off waits for its keepalive), then remove what was made."""
         for host in self.hosts:
             host.stop()
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(self.key) in (proc.info["cmdline"] or []):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
         for cmd in reversed(self._undo):
             subprocess.run(cmd, capture_output=True)
         self._undo.clear()

@@ -1,0 +1,76 @@
+"""Faults across hosts: a rank on another host killed, or its host cut off, mid-cell; the
+stop with a host gone; what ran there ends by itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from distnb.errors import DistnbWarning, RankDiedError
+from tests.multihost.conftest import engines_on, start_on
+from tests.multihost.hosts import Host, Lan, missing
+
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.skipif(bool(missing()), reason=f"rehearsal hosts need {missing()}"),
+]
+
+STOP_BOUND_S = 15  # a stop asks each host once, in parallel, for at most 5 s
+# A cut link is known by 3 s of heartbeat silence; a death by the nanny there at once.
+NAMED_S = 15
+WAITS = "import time\nx = torch.ones(1)\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(x)"
+
+
+def fault_in(seconds: float, fault: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), fault()))
+    thread.start()
+    return thread
+
+
+def gone_within(host: Host, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while engines_on(host) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return engines_on(host) == 0
+
+
+@pytest.mark.parametrize("fault", ["killed", "cut off"])
+def test_a_rank_lost_on_another_host_mid_cell_is_named_with_its_host(lan: Lan, fault: str) -> None:
+    h2, h3 = lan.hosts
+    s = start_on(lan, {h2.addr: 1, h3.addr: 1})
+    victim = s.ranks[1].pid
+    try:
+        started = time.monotonic()
+        if fault == "killed":
+            thread = fault_in(1.0, lambda: h3.ssh(f"kill -9 {victim}"))
+        else:
+            thread = fault_in(1.0, lambda: h3.link(up=False))
+        with pytest.raises(RankDiedError, match=rf"rank 1 \(pid {victim} on h3\) left the cluster"):
+            s.run(WAITS)
+        thread.join()
+        assert time.monotonic() - started < NAMED_S
+        if fault == "killed":
+            s.stop()
+        else:
+            with pytest.warns(DistnbWarning, match=f"{h3.addr} did not answer the stop"):
+                s.stop()
+    finally:
+        h3.link(up=True)
+    # what ran on the cut-off host ends by itself once its controller is gone (its heartbeat)
+    assert gone_within(h3, 60) and gone_within(h2, 5)
+
+
+def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(lan: Lan) -> None:
+    h2 = lan.hosts[0]
+    s = start_on(lan, {h2.addr: 1})
+    h2.link(up=False)
+    try:
+        started = time.monotonic()
+        with pytest.warns(DistnbWarning, match=f"{h2.addr} did not answer the stop"):
+            s.stop()
+        assert time.monotonic() - started < STOP_BOUND_S
+    finally:
+        h2.link(up=True)
