@@ -3,6 +3,9 @@ stop with a host gone; what ran there ends by itself."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from distnb.errors import DistnbWarning, RankDiedError
+from tests.conftest import running
 from tests.multihost.conftest import engines_on, start_on
 from tests.multihost.hosts import Host, Lan, missing
 
@@ -74,3 +78,33 @@ def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(lan: Lan) -> None:
         assert time.monotonic() - started < STOP_BOUND_S
     finally:
         h2.link(up=True)
+
+
+KERNEL = """
+import json, sys, time
+import distnb
+hosts, host, ssh_args = json.loads(sys.argv[1])
+s = distnb.start(hosts=hosts, host=host, ssh_args=ssh_args, progress=False)
+print(json.dumps(s.pids()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_kernel_leaves_nothing_on_either_host(lan: Lan) -> None:
+    h2 = lan.hosts[0]
+    args = json.dumps([{h2.addr: 2}, lan.kernel_addr, lan.ssh_args])
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL, args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert kernel.stdout is not None
+        local = json.loads(kernel.stdout.readline())
+        assert engines_on(h2) == 2
+    finally:
+        kernel.kill()
+        kernel.wait()
+    deadline = time.monotonic() + 10
+    while running(local) and time.monotonic() < deadline:  # the reaper, here
+        time.sleep(0.1)
+    assert not running(local)
+    assert gone_within(h2, 60)  # there: the engines, once the controller's heartbeat stops
