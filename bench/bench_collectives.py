@@ -98,9 +98,10 @@ class Row:
         """The mode's printed time: the median of its rounds."""
         return statistics.median(self.rounds[mode])
 
-    def ratio(self, mode: str) -> tuple[float, float, float]:
-        """ms(mode) / ms(its base), and the 95% interval of that ratio over the rounds."""
-        base = BASE.get(mode, "plain")
+    def ratio(self, mode: str, base: str = "") -> tuple[float, float, float]:
+        """ms(mode) / ms(base, by default the mode's own), and the 95% interval of that ratio
+        over the rounds."""
+        base = base or BASE.get(mode, "plain")
         return ratio_of_medians(self.rounds[mode], self.rounds[base])
 
 
@@ -274,28 +275,33 @@ class _Rig:
 
     def store_path(self, iters: int, rounds: int) -> dict[str, list[list[int]]]:
         """8-element all_reduce with fingerprints through the store, as across hosts: per mode,
-        per round, each iteration's ns (plain and checked take turns, first in turn)."""
+        per round, each iteration's ns. "signed" is checked through the store signed as a
+        control plane off loopback signs it (`distnb.rank.signed`). The modes take turns, each
+        first in turn."""
         import torch
         import torch.distributed as dist
 
         from distnb.rank import checked
+        from distnb.rank.signed import SignedStore
 
         checker = checked._checker
         assert checker is not None
         store, session = checker.store, checker.session_id
         hosts = [f"host{r}" for r in range(self.world)]
-        checked.uninstall()
-        checked.install(
-            store, rank=self.rank, world_size=self.world, session_id=session, hosts=hosts
-        )
+        stores = {"plain": store, "checked": store, "signed": SignedStore(store, b"k" * 32)}
         x = torch.ones(8)
-        modes = ("plain", "checked")
+        modes = ("plain", "checked", "signed")
         times: dict[str, list[list[int]]] = {m: [] for m in modes}
         try:
-            dist.all_reduce(x)
             for r in range(rounds):
-                for mode in modes if r % 2 == 0 else modes[::-1]:
-                    with self._setting(mode):
+                for mode in modes[r % 3 :] + modes[: r % 3]:
+                    checked.uninstall()
+                    checked.install(
+                        stores[mode], rank=self.rank, world_size=self.world, session_id=session,
+                        hosts=hosts,
+                    )  # fmt: skip
+                    dist.all_reduce(x)  # the group's board made outside the timing
+                    with self._setting("checked" if mode == "signed" else mode):
                         times[mode].append(self._iterations(lambda: dist.all_reduce(x), iters))
         finally:
             checked.uninstall()
@@ -486,7 +492,7 @@ def extras(cluster: Cluster, quick: bool) -> dict[str, Any]:
         "mismatch": mismatch_latency(cluster, 10 if quick else 30),
         "abort": abort_latency(cluster, 5),
         "cpu": cluster.ask("cpu_cost", iters=5000 if quick else 20000)[0],
-        "store": store_path(cluster, iters=40 if quick else 200, rounds=5),
+        "store": store_path(cluster, iters=40 if quick else 200, rounds=5 if quick else 15),
     }
 
 
@@ -553,7 +559,9 @@ def _extras(e: dict[str, Any]) -> str:
             f"{cpu['record']:.2f} us/event",
             "  store path (ranks on different hosts), 8-el all_reduce: checked "
             f"{store.ms('checked') * 1e3:.0f} us, plain {store.ms('plain') * 1e3:.0f} us: "
-            f"{_interval(*store.ratio('checked'))} ({len(store.rounds['plain'])} rounds)",
+            f"{_interval(*store.ratio('checked'))} ({len(store.rounds['plain'])} rounds); signed "
+            f"(a control plane off loopback) {store.ms('signed') * 1e3:.0f} us: "
+            f"{_interval(*store.ratio('signed', 'checked'))} of checked",
         ]
     )
 

@@ -32,12 +32,13 @@ Who writes what (values in brackets):
 from __future__ import annotations
 
 __all__ = [
-    "ASK_COUNT",
     "CELL_FILE",
     "RUN",
     "abort",
     "answer",
     "ask",
+    "ask_count",
+    "ask_number",
     "beacon",
     "board",
     "decode_run",
@@ -56,7 +57,6 @@ _PG = "pg"
 RUN = "cell"
 _CHECK = "check"
 _DEBUG = "debug"
-ASK_COUNT = f"{_DEBUG}/count"
 CELL_FILE = f"{_DEBUG}/cell-file"
 
 
@@ -75,6 +75,17 @@ def decode_run(value: bytes | str) -> tuple[int, int, bool, bool, bool]:
     text = value.decode() if isinstance(value, bytes) else value
     cell, run_id, check, stdin, everyone = text.split()
     return int(cell), int(run_id), check == "1", stdin == "1", everyone == "1"
+
+
+def ask_count(rank: int) -> str:
+    """How many times `rank` has asked for input (written by that rank alone: no counter a
+    stranger on the network could break, see `distnb.rank.signed`)."""
+    return f"{_DEBUG}/count/{rank}"
+
+
+def ask_number(rank: int, k: int) -> int:
+    """The number of `rank`'s `k`-th request for input: unique in the session."""
+    return k << 20 | rank
 
 
 def ask(n: int) -> str:

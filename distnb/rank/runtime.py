@@ -26,6 +26,7 @@ import torch.distributed as dist
 from distnb import keys
 from distnb.errors import SessionError
 from distnb.rank import checked, debug
+from distnb.rank.signed import SignedStore
 from distnb.rank.torchrun import device_plan, environment
 from distnb.rank.world import World
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
@@ -208,7 +209,8 @@ def connect(spec: RankSpec) -> dist.Store:
     client = dist.TCPStore(
         spec.store_host, spec.store_port, is_master=False, timeout=timedelta(seconds=30)
     )
-    return dist.PrefixStore(spec.session_id, client)
+    store = dist.PrefixStore(spec.session_id, client)
+    return SignedStore(store, bytes.fromhex(spec.secret)) if spec.secret else store
 
 
 def shutdown() -> None:

@@ -77,6 +77,7 @@ class RankSpec:
     session_id: str
     check: bool = True
     pg_timeout_s: float = 600.0
+    secret: str = ""  # hex; the control plane is signed with it when it leaves loopback
 
 
 @dataclass(frozen=True, slots=True)

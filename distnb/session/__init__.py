@@ -100,6 +100,7 @@ class Session:
         assert self._cluster is not None
         probes = [client[eid].apply_async(runtime.probe, eid) for eid in client.ids]
         placements = assign_ranks(self._cluster.wait_all(probes, timeout=60))
+        self._control.expect_ranks(len(placements))
         backend = choose_backend(opts.backend, placements)
         pending = []
         for p in placements:
@@ -113,6 +114,7 @@ class Session:
                 store_port=self._control.port,
                 session_id=self._control.session_id,
                 check=opts.check,
+                secret=self._control.secret,
             )
             pending.append((p, client[p.probe.engine_id].apply_async(runtime.init, spec)))
         ranks = []
@@ -125,8 +127,7 @@ class Session:
     def stop(self) -> None:
         """Stop every rank, the controller and the control plane; leave no process behind."""
         self._teardown()
-        self.ranks = ()
-        self._broken = ""  # a new cluster starts whole (start may already run cells)
+        self.ranks, self._broken = (), ""  # a new cluster starts whole (start may run cells)
         _live.discard(self)
 
     def _teardown(self) -> None:

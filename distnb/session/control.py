@@ -31,8 +31,14 @@ class ControlPlane:
         )
         self.port: int = self._server.port
         self.store: Any = dist.PrefixStore(self.session_id, self._server)
+        # Off loopback, anyone on the network can reach the store: sign it (distnb.rank.signed).
+        self.secret = "" if is_loopback(host) else secrets.token_hex(32)
+        if self.secret:
+            from distnb.rank.signed import SignedStore
+
+            self.store = SignedStore(self.store, bytes.fromhex(self.secret))
         self._stack_requests: dict[int, int] = {}
-        self._asks_seen = 0
+        self._asked: list[int] = []  # per rank, the requests for input read so far
         self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
 
     def begin_run(
@@ -42,16 +48,25 @@ class ControlPlane:
         whether the user can be asked for input and whether every rank runs it."""
         self.store.set(keys.RUN, keys.encode_run(cell, run_id, check, stdin, everyone))
 
+    def expect_ranks(self, n: int) -> None:
+        """Before the ranks start: each one's count of requests for input is 0."""
+        self._asked = [0] * n
+        for rank in range(n):
+            self.store.set(keys.ask_count(rank), "0")
+
     def asks(self) -> list[InputRequest]:
-        """Ranks' requests for a line from the user posted since the last call (one counter read
-        when there are none)."""
-        count = int(self.store.add(keys.ASK_COUNT, 0))
+        """Ranks' requests for a line from the user posted since the last call (one read of
+        every rank's count when there are none). A count that does not read as a number (not
+        the session's: distnb.rank.signed) is passed over."""
+        names = [keys.ask_count(rank) for rank in range(len(self._asked))]
         found = []
-        while self._asks_seen < count:
-            self._asks_seen += 1
-            key = keys.ask(self._asks_seen)
-            found.append(InputRequest.from_json(self.store.get(key)))
-            self.store.delete_key(key)
+        for rank, raw in enumerate(self.store.multi_get(names) if names else []):
+            count = int(raw) if raw.isdigit() else self._asked[rank]
+            while self._asked[rank] < count:
+                self._asked[rank] += 1
+                key = keys.ask(keys.ask_number(rank, self._asked[rank]))
+                found.append(InputRequest.from_json(self.store.get(key)))
+                self.store.delete_key(key)
         return found
 
     def answer(self, n: int, line: str) -> None:
@@ -89,9 +104,14 @@ class ControlPlane:
         """What the listed ranks last said about a long wait at a checked collective."""
         names = [keys.beacon(r) for r in ranks]
         present = [n for n in names if self.store.check([n])]
-        return [Beacon.from_json(v) for v in self.store.multi_get(present)] if present else []
+        values = self.store.multi_get(present) if present else []
+        return [Beacon.from_json(v) for v in values if v]  # b"": not signed by the session
 
     def close(self) -> None:
         # The TCPStore server stops when its last reference goes.
         self.store = None
         self._server = None
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from distnb.errors import ConfigError
+from distnb.session.control import is_loopback
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_CPU_RANKS = 2
@@ -75,7 +76,7 @@ class Options:
             raise ConfigError(f"-n {self.n} but --hosts names {total} ranks; give one or the other")
         if self.engines not in ("local", "ssh"):
             raise ConfigError(f"--hosts starts ranks over ssh, not with --engines {self.engines}")
-        if _is_loopback(self.host) and not all(_is_loopback(name) for name, _ in hosts):
+        if is_loopback(self.host) and not all(is_loopback(name) for name, _ in hosts):
             raise ConfigError(
                 f"ranks on other hosts cannot reach the control plane on {self.host}: name "
                 "this machine's address on the network the hosts share, e.g. --host "
@@ -126,10 +127,6 @@ def parse_hosts(
             )
         result.append((str(name), ranks))
     return tuple(result)
-
-
-def _is_loopback(name: str) -> bool:
-    return name in ("localhost", "::1") or name.startswith("127.")
 
 
 def check_timeout(

@@ -183,7 +183,7 @@ class WaitMonitor:
         if self._mine is None or not self.store.check(names):
             return
         suspects = {}
-        for raw in self.store.multi_get(names):
+        for raw in filter(None, self.store.multi_get(names)):  # b"": not signed by the session
             peer = Beacon.from_json(raw)
             if (
                 peer.state is BeaconState.DEADLOCK

@@ -46,6 +46,8 @@ class Asker:
     def __init__(self, store: Any, rank: int) -> None:
         self.store = store
         self.rank = rank
+        count = keys.ask_count(rank)  # the kernel writes 0 before the ranks start
+        self._asked = int(store.get(count)) if store.check([count]) else 0
         self.run_id = 0
         self.stdin = True
         self._base = (0, 0)
@@ -63,7 +65,8 @@ class Asker:
             raise NoInput(self.no_input(site, kind))
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        n = int(self.store.add(keys.ASK_COUNT, 1))
+        self._asked += 1
+        n = keys.ask_number(self.rank, self._asked)
         request = InputRequest(
             n=n,
             rank=self.rank,
@@ -76,6 +79,7 @@ class Asker:
         )
         self._beacon(BeaconState.STOPPED, site)
         self.store.set(keys.ask(n), request.to_json())
+        self.store.set(keys.ask_count(self.rank), str(self._asked))
         try:
             answer = self._wait(keys.answer(n))
         finally:
