@@ -43,6 +43,7 @@ __all__ = [
     "board",
     "decode_run",
     "encode_run",
+    "endpoint",
     "group_arrival",
     "host",
     "process_group",
@@ -75,6 +76,12 @@ def decode_run(value: bytes | str) -> tuple[int, int, bool, bool, bool]:
     text = value.decode() if isinstance(value, bytes) else value
     cell, run_id, check, stdin, everyone = text.split()
     return int(cell), int(run_id), check == "1", stdin == "1", everyone == "1"
+
+
+def endpoint(rank: int) -> str:
+    """Where `rank` listens for its process group (JSON: host, interface, address), posted
+    before it joins (`distnb.session.joining`)."""
+    return f"endpoint/{rank}"
 
 
 def ask_count(rank: int) -> str:

@@ -9,6 +9,7 @@ that rank tracebacks and call sites say the same `In[N]` as the notebook.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -27,7 +28,7 @@ from distnb import keys
 from distnb.errors import SessionError
 from distnb.rank import checked, debug
 from distnb.rank.signed import SignedStore
-from distnb.rank.torchrun import device_plan, environment
+from distnb.rank.torchrun import device_plan, environment, route_to
 from distnb.rank.world import World
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 from distnb.records.collective import CollectiveEvent, Mismatch
@@ -82,6 +83,7 @@ def init(spec: RankSpec) -> RankInfo:
     store = connect(spec)
     device = _device_for(spec)
     _set_environment(spec, device)
+    _post_endpoint(spec, store)
     world = World(spec, store, device)
     world.create()
     watchdog = _Watchdog(spec)
@@ -100,6 +102,14 @@ def init(spec: RankSpec) -> RankInfo:
         device=str(device),
         backend=spec.backend,
     )
+
+
+def _post_endpoint(spec: RankSpec, store: dist.Store) -> None:
+    """Where this rank listens, for the kernel to name if the group cannot connect."""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    route = route_to(spec.store_host)
+    where = {"host": socket.gethostname(), "ifname": ifname, "address": route[1] if route else ""}
+    store.set(keys.endpoint(spec.rank), json.dumps(where))
 
 
 def _device_for(spec: RankSpec) -> torch.device:

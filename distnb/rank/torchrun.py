@@ -96,6 +96,12 @@ SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 def interface_towards(address: str) -> str | None:
     """The network interface this host reaches `address` through (the kernel's control plane,
     which every rank reaches): the one whose address the route to it leaves from."""
+    route = route_to(address)
+    return route[0] if route is not None else None
+
+
+def route_to(address: str) -> tuple[str, str] | None:
+    """(interface, local address) of the route from this host to `address`."""
     import socket
 
     import psutil
@@ -113,7 +119,7 @@ def interface_towards(address: str) -> str | None:
         for n, addrs in psutil.net_if_addrs().items()
         if any(str(a.address).split("%")[0] == local for a in addrs)
     ]
-    return str(names[0]) if names else None
+    return (str(names[0]), local) if names else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError, RankError, SessionError
 from distnb.ranklist import format_ranks
-from distnb.records.cell import RankFailure, RankInfo, RankSpec
+from distnb.records.cell import RankFailure, RankInfo
 from distnb.records.collective import Mismatch
 from distnb.session import automode, data, inspect, replicas, resources
 from distnb.session import failures as failing
 from distnb.session.cells import CellRequest, CellResult, CellRun, Referee, assigned_names
 from distnb.session.cluster import Cluster
 from distnb.session.control import ControlPlane
+from distnb.session.joining import join
 from distnb.session.options import REGISTER_TIMEOUT_S, Options, check_timeout, engine_env
-from distnb.session.ranks import assign_ranks, choose_backend
 from distnb.session.referee import DesyncReferee, skipped_call
 from distnb.session.watch import boards_pattern, loss_reason
 from distnb.views.status import Progress, Status
@@ -68,14 +68,18 @@ class Session:
         try:
             progress.show("starting engines", 0)
             self._cluster = Cluster(
-                opts.n, opts.engines, opts.host, engine_env(opts.n), opts.launcher_settings()
+                opts.n,
+                opts.engines,
+                opts.host,
+                engine_env(opts.n, opts.engines),
+                opts.launcher_settings(),
             )
             self._cluster.launch()
             # The kernel imports torch for the control plane while the engines boot.
             self._control = ControlPlane(opts.host)
             self._cluster.remove_later(boards_pattern(self._control.session_id))
             client = self._cluster.wait_registered(progress.show, opts.register_timeout)
-            self.ranks = self._init_ranks(client, progress)
+            self.ranks = join(self._cluster, self._control, client, opts, progress.show)
             resources.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
             self.referee = DesyncReferee(self._control)
         except BaseException as exc:
@@ -91,38 +95,6 @@ class Session:
         self._broken = ""
         _live.add(self)
         return self
-
-    def _init_ranks(self, client: Any, progress: Progress) -> tuple[RankInfo, ...]:
-        from distnb.rank import runtime
-
-        opts = self.options
-        assert self._control is not None and opts.n is not None
-        assert self._cluster is not None
-        probes = [client[eid].apply_async(runtime.probe, eid) for eid in client.ids]
-        placements = assign_ranks(self._cluster.wait_all(probes, timeout=60))
-        self._control.expect_ranks(len(placements))
-        backend = choose_backend(opts.backend, placements)
-        pending = []
-        for p in placements:
-            spec = RankSpec(
-                rank=p.rank,
-                world_size=len(placements),
-                local_rank=p.local_rank,
-                local_world_size=p.local_world_size,
-                backend=backend,
-                store_host=opts.host,
-                store_port=self._control.port,
-                session_id=self._control.session_id,
-                check=opts.check,
-                secret=self._control.secret,
-            )
-            pending.append((p, client[p.probe.engine_id].apply_async(runtime.init, spec)))
-        ranks = []
-        for i, (p, ar) in enumerate(pending):
-            (info,) = self._cluster.wait_all([ar], timeout=120)
-            ranks.append(replace(info, engine_id=p.probe.engine_id))
-            progress.show("ranks joined the process group", i + 1)
-        return tuple(ranks)
 
     def stop(self) -> None:
         """Stop every rank, the controller and the control plane; leave no process behind."""

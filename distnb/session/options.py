@@ -144,7 +144,15 @@ def _local_cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def engine_env(n: int) -> dict[str, str]:
+# The kernel's variables that ranks on other hosts get too (local engines inherit them all):
+# the settings of torch's collectives and distnb's own.
+FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "DISTNB_")
+
+
+def engine_env(n: int, engines: str = "local") -> dict[str, str]:
+    """What the engines' environment adds to what their launcher gives them."""
+    if engines == "ssh":
+        return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     # Ranks on one machine share its cores: give each rank's intra-op threads its share (as
     # torchrun does) unless the user chose.
     env = {}

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from distnb.errors import DistnbWarning, RankDiedError
+from distnb.errors import DistnbWarning, RankDiedError, SessionError
+from distnb.session.joining import CONNECT_S
 from tests.conftest import running
 from tests.multihost.conftest import engines_on, start_on
 from tests.multihost.hosts import Host, Lan, missing
@@ -108,3 +109,21 @@ def test_a_killed_kernel_leaves_nothing_on_either_host(lan: Lan) -> None:
         time.sleep(0.1)
     assert not running(local)
     assert gone_within(h2, 60)  # there: the engines, once the controller's heartbeat stops
+
+
+def test_hosts_that_cannot_reach_each_other_are_named_at_start(lan: Lan) -> None:
+    """A route (as a firewall would) keeps h2 from h3; both still reach the kernel."""
+    h2, h3 = lan.hosts
+    block = [*h2.inside, "ip", "route", "add", "prohibit", f"{h3.addr}/32"]
+    subprocess.run(block, check=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SessionError, match="cannot connect to each other") as info:
+            start_on(lan, {h2.addr: 1, h3.addr: 1})
+        assert time.monotonic() - started < CONNECT_S["gloo"] + 45  # not the 10-minute timeout
+        said = str(info.value)
+        assert f"rank 0 on h2 listens on {h2.addr}" in said
+        assert f"rank 1 on h3 listens on {h3.addr}" in said and "GLOO_SOCKET_IFNAME" in said
+    finally:
+        subprocess.run([*h2.inside, "ip", "route", "del", "prohibit", f"{h3.addr}/32"])
+    assert gone_within(h2, 5) and gone_within(h3, 5)

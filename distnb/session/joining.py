@@ -1,0 +1,130 @@
+"""Ranks joining the process group, and a group whose ranks cannot reach each other, named.
+
+Each rank posts where it listens (host, interface, address: `keys.endpoint`) just before it
+joins. Once every rank has posted, what is left is connecting: gloo's full mesh takes well
+under a second on a working network, NCCL's communicator some seconds. A group still not joined
+`CONNECT_S` after the last rank arrived cannot connect (a firewall, a route, an interface the
+others cannot reach), and would otherwise wait out its timeout (10 minutes) in silence: the
+start fails at once, naming each rank's host and address and the setting to change.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from distnb import keys
+from distnb.ranklist import format_ranks
+from distnb.records.cell import RankInfo, RankSpec
+from distnb.session.control import ControlPlane
+from distnb.session.options import Options
+from distnb.session.ranks import assign_ranks, choose_backend
+
+__all__ = ["CONNECT_S", "JOIN_TIMEOUT_S", "join", "wait_joined"]
+
+CONNECT_S = {"gloo": 15.0, "nccl": 60.0}  # from the last rank's arrival at the group
+JOIN_TIMEOUT_S = 120.0  # for the ranks to arrive at all (their start, on a busy machine)
+
+
+def join(
+    cluster: Any,
+    control: ControlPlane,
+    client: Any,
+    opts: Options,
+    on_progress: Callable[[str, int], None],
+) -> tuple[RankInfo, ...]:
+    """Make the registered engines ranks: ask each where it runs, assign ranks (by host), and
+    have every rank join the control plane and the process group."""
+    from distnb.rank import runtime
+
+    probes = [client[eid].apply_async(runtime.probe, eid) for eid in client.ids]
+    placements = assign_ranks(cluster.wait_all(probes, timeout=60))
+    control.expect_ranks(len(placements))
+    backend = choose_backend(opts.backend, placements)
+    pending = []
+    for p in placements:
+        spec = RankSpec(
+            rank=p.rank,
+            world_size=len(placements),
+            local_rank=p.local_rank,
+            local_world_size=p.local_world_size,
+            backend=backend,
+            store_host=opts.host,
+            store_port=control.port,
+            session_id=control.session_id,
+            check=opts.check,
+            secret=control.secret,
+        )
+        pending.append((p.rank, client[p.probe.engine_id].apply_async(runtime.init, spec)))
+    infos = wait_joined(
+        cluster,
+        control.store,
+        pending,
+        backend,
+        lambda joined: on_progress("ranks joined the process group", joined),
+    )
+    return tuple(
+        replace(info, engine_id=p.probe.engine_id)
+        for p, info in zip(placements, infos, strict=True)
+    )
+
+
+def wait_joined(
+    cluster: Any,
+    store: Any,
+    pending: Sequence[tuple[int, Any]],
+    backend: str,
+    on_joined: Callable[[int], None],
+) -> list[Any]:
+    """Each `(rank, AsyncResult of its init)`'s result, in order. Fails as `cluster.wait_all`
+    does (a process lost, `JOIN_TIMEOUT_S`), and when the group cannot connect (see above)."""
+    results: dict[int, Any] = {}
+    names = [keys.endpoint(rank) for rank, _ in pending]
+    started, arrived = time.monotonic(), 0.0
+    while len(results) < len(pending):
+        for rank, ar in pending:
+            if rank not in results and ar.ready():
+                (results[rank],) = cluster.wait_all([ar], timeout=0)
+                on_joined(len(results))
+        if len(results) == len(pending):
+            break
+        cluster.wait_all([], timeout=0)  # a lost process, named
+        now = time.monotonic()
+        if not arrived and store.check(names):
+            arrived = now
+        if arrived and now - arrived > CONNECT_S.get(backend, CONNECT_S["nccl"]):
+            raise RuntimeError(_cannot_connect(store, names, pending, results, backend))
+        if now - started > JOIN_TIMEOUT_S:
+            raise TimeoutError(f"the engines did not answer within {JOIN_TIMEOUT_S:g} s")
+        time.sleep(0.05)
+    return [results[rank] for rank, _ in pending]
+
+
+def _cannot_connect(
+    store: Any, names: list[str], pending: Sequence[tuple[int, Any]], joined: dict[int, Any],
+    backend: str,
+) -> str:  # fmt: skip
+    waiting = [rank for rank, _ in pending if rank not in joined]
+    lines = [
+        f"{format_ranks(waiting)} did not join the process group within "
+        f"{CONNECT_S.get(backend, 60):g} s of the last rank's arrival: the ranks cannot connect "
+        "to each other."
+    ]
+    for (rank, _), raw in zip(pending, store.multi_get(names), strict=True):
+        where = json.loads(raw) if raw else {}
+        interface = f" (interface {where['ifname']})" if where.get("ifname") else ""
+        state = "joined" if rank in joined else "waiting"
+        lines.append(
+            f"  rank {rank} on {where.get('host', '?')} listens on "
+            f"{where.get('address') or '?'}{interface}: {state}"
+        )
+    var = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    lines.append(
+        "Each host must reach the others' addresses (a firewall or a route may be in the way). "
+        f"To use another network, set {var} in the kernel's environment before %dist_start "
+        "(distnb passes it to the ranks), or start the control plane on that network (--host)."
+    )
+    return "\n".join(lines)
