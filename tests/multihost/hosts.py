@@ -1,8 +1,9 @@
 """Other hosts on this machine, for rehearsing distnb across hosts.
 
 `Lan` is a network of rehearsal hosts: a router (a network namespace that forwards) joined to
-this machine, the kernel's, at 198.18.76.1, and `Lan.add_host` makes a host behind it at
-198.18.<76+k>.2 as a real one differs: its own network, host name, process ids, /tmp, home and
+this machine, the kernel's, at 198.18.<b>.1, and `Lan.add_host` makes a host behind it at
+198.18.<b+k>.2 (b: a /22 block chosen from the process id, so that two test runs on one
+machine keep apart) as a real one differs: its own network, host name, process ids, /tmp, home and
 /dev/shm (network, UTS, PID and mount namespaces), and an sshd that accepts the key the `Lan`
 made. The file system is otherwise shared, as a cluster's shared home is, so the remote Python is
 this checkout's virtualenv. Hosts reach each other and the kernel through the router.
@@ -30,8 +31,6 @@ from pathlib import Path
 import psutil
 
 RANGE = "198.18.0.0/15"  # RFC 2544's benchmarking range: never routed on the internet
-LAN = "198.18.76.0/22"  # the kernel's link (.76) and up to three hosts (.77-.79)
-KERNEL_ADDR, ROUTER_ADDR = "198.18.76.1", "198.18.76.2"
 SSH_OPTIONS = [
     *("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"),
     *("-o", "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes"),
@@ -78,7 +77,9 @@ class Lan:
         self.state = state
         self.tag = f"dnbt{os.getpid() % 100000}"
         self.router = f"{self.tag}-lan"
-        self.kernel_addr = KERNEL_ADDR
+        self.block = 4 * (os.getpid() % 64)  # 198.18.<block>.0/22: the kernel's link, 3 hosts
+        self.lan = f"198.18.{self.block}.0/22"
+        self.kernel_addr, self.router_addr = f"198.18.{self.block}.1", f"198.18.{self.block}.2"
         self.key = state / "id_ed25519"
         self.hosts: list[Host] = []
         self._undo: list[list[str]] = []  # commands that undo what was made, last first
@@ -95,15 +96,15 @@ class Lan:
         _run("ip", "link", "add", kernel_if, "type", "veth", "peer", "name", f"{self.tag}r")
         self._undo.append(["ip", "link", "del", kernel_if])
         _run("ip", "link", "set", f"{self.tag}r", "netns", self.router)
-        _run("ip", "addr", "add", f"{KERNEL_ADDR}/30", "dev", kernel_if)
+        _run("ip", "addr", "add", f"{self.kernel_addr}/30", "dev", kernel_if)
         _run("ip", "link", "set", kernel_if, "up")
         inside = self.in_router
-        _run(*inside, "ip", "addr", "add", f"{ROUTER_ADDR}/30", "dev", f"{self.tag}r")
+        _run(*inside, "ip", "addr", "add", f"{self.router_addr}/30", "dev", f"{self.tag}r")
         _run(*inside, "ip", "link", "set", f"{self.tag}r", "up")
         _run(*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1")  # this namespace's own
         _run(*inside, "ip", "route", "add", "unreachable", RANGE)
-        _run("ip", "route", "add", LAN, "via", ROUTER_ADDR)
-        self._undo.append(["ip", "route", "del", LAN])
+        _run("ip", "route", "add", self.lan, "via", self.router_addr)
+        self._undo.append(["ip", "route", "del", self.lan])
         if subprocess.run(["ip", "route", "add", "unreachable", RANGE]).returncode == 0:
             self._undo.append(["ip", "route", "del", "unreachable", RANGE])
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
@@ -137,13 +138,14 @@ class Lan:
 
 
 class Host:
-    """Host `name` at 198.18.<76+index>.2, behind the `Lan`'s router."""
+    """Host `name` at 198.18.<block+index>.2, behind the `Lan`'s router."""
 
     def __init__(self, lan: Lan, name: str, index: int) -> None:
         self.lan, self.name = lan, name
         self.netns = f"{lan.tag}-{name}"
         self.router_if, self.remote_if = f"{lan.tag}r{index}", f"{lan.tag}h{index}"
-        self.gateway, self.addr = f"198.18.{76 + index}.1", f"198.18.{76 + index}.2"
+        net = f"198.18.{lan.block + index}"
+        self.gateway, self.addr = f"{net}.1", f"{net}.2"
         self.root = lan.state / name  # its /tmp and home are folders here, seen from the kernel
         self.tmp, self.home = self.root / "tmp", self.root / "home"
         self._sshd: subprocess.Popen[bytes] | None = None
@@ -171,7 +173,7 @@ class Host:
         _run(*self.inside, "ip", "addr", "add", f"{self.addr}/30", "dev", self.remote_if)
         _run(*self.inside, "ip", "link", "set", self.remote_if, "up")
         _run(*self.inside, "ip", "link", "set", "lo", "up")
-        _run(*self.inside, "ip", "route", "add", LAN, "via", self.gateway)
+        _run(*self.inside, "ip", "route", "add", self.lan.lan, "via", self.gateway)
         _run(*self.inside, "ip", "route", "add", "unreachable", RANGE)
 
     def _start_sshd(self) -> None:
