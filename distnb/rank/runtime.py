@@ -83,7 +83,7 @@ def init(spec: RankSpec) -> RankInfo:
     store = connect(spec)
     device = _device_for(spec)
     _set_environment(spec, device)
-    _post_endpoint(spec, store)
+    address = _post_endpoint(spec, store)
     world = World(spec, store, device)
     world.create()
     watchdog = _Watchdog(spec)
@@ -101,15 +101,19 @@ def init(spec: RankSpec) -> RankInfo:
         pid=os.getpid(),
         device=str(device),
         backend=spec.backend,
+        address=address,
     )
 
 
-def _post_endpoint(spec: RankSpec, store: dist.Store) -> None:
-    """Where this rank listens, for the kernel to name if the group cannot connect."""
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
+def _post_endpoint(spec: RankSpec, store: dist.Store) -> str:
+    """Where this rank listens (its address), for the kernel to name if the group cannot
+    connect."""
     route = route_to(spec.store_host)
-    where = {"host": socket.gethostname(), "ifname": ifname, "address": route[1] if route else ""}
+    address = route[1] if route else ""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    where = {"host": socket.gethostname(), "ifname": ifname, "address": address}
     store.set(keys.endpoint(spec.rank), json.dumps(where))
+    return address
 
 
 def _device_for(spec: RankSpec) -> torch.device:

@@ -27,6 +27,7 @@ class RankInfo:
     pid: int
     device: str
     backend: str
+    address: str = ""  # where the rank reaches the control plane from (its host's address)
 
 
 class RankState(str, Enum):

@@ -2,8 +2,9 @@
 
 `Status` shows one row per rank: who it is (rank, host, pid, device, backend) and, when the
 session asked the ranks, what it runs with (memory, CUDA memory, torch's intra-op threads,
-whether it is alive), then the distributed environment grouped by value, variables that differ
-between ranks first.
+whether it is alive); with ranks on several hosts, a row per host (its address, its ranks, its
+GPUs); then the distributed environment grouped by value, variables that differ between ranks
+first.
 `Progress` is a tqdm bar: a widget in Jupyter, text on stderr in a terminal.
 """
 
@@ -29,6 +30,7 @@ from distnb.views._format import (
 from distnb.views.display import in_kernel
 
 COLUMNS = ("rank", "host", "pid", "device", "backend")
+HOST_COLUMNS = ("host", "address", "ranks", "local ranks", "GPUs")
 INTRA_OP_THREADS = "intra-op threads"
 ALIVE = "alive"
 
@@ -62,6 +64,28 @@ class Status:
             rows.append(row + ((self.states[i],) if self.states else ()))
         return rows
 
+    def hosts(self) -> list[tuple[str, ...]]:
+        """(host, address, ranks, local ranks, GPUs) per host, when the ranks span several."""
+        by_host: dict[str, list[RankInfo]] = {}
+        for r in self.ranks:
+            by_host.setdefault(r.host, []).append(r)
+        if len(by_host) < 2:
+            return []
+        rows: list[tuple[str, ...]] = []
+        for host, ranks in by_host.items():
+            gpus = sorted({r.device for r in ranks if r.device.startswith("cuda")})
+            addresses = sorted({r.address for r in ranks if r.address})
+            rows.append(
+                (
+                    host,
+                    ", ".join(addresses) or "-",
+                    format_ranks(r.rank for r in ranks),
+                    str(len(ranks)),
+                    ", ".join(gpus) or "-",
+                )
+            )
+        return rows
+
     def env(self) -> list[tuple[str, str, str, bool]]:
         """(variable, value, ranks, differs) rows; variables whose value differs come first."""
         known = [r for r in self.resources if r is not None]
@@ -76,6 +100,8 @@ class Status:
         if not self.ranks:
             return self.note or "distnb: no ranks"
         parts = [text_table(self.columns(), self.rows())]
+        if hosts := self.hosts():
+            parts.extend(["hosts:", text_table(HOST_COLUMNS, hosts)])
         if env := self.env():
             pairs = [(f"{name}={value}", ranks) for name, value, ranks, _ in env]
             width = max(len(pair) for pair, _ in pairs)
@@ -87,6 +113,8 @@ class Status:
         if not self.ranks:
             return f"<p>{esc(self.note or 'distnb: no ranks')}</p>"
         parts = [html_table(self.columns(), self.rows())]
+        if hosts := self.hosts():
+            parts.extend([html_block("hosts", HEADING_STYLE), html_table(HOST_COLUMNS, hosts)])
         if env := self.env():
             parts.append(html_block("environment", HEADING_STYLE))
             rows = [

@@ -83,3 +83,9 @@ def test_a_rank_that_finishes_releases_its_peer_on_the_other_host(two_hosts: Ses
         two_hosts.run("x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)")
     assert time.monotonic() - started < 10
     assert two_hosts.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(1) == "2.0"
+
+
+def test_status_groups_the_ranks_by_host(lan: Lan, two_hosts: Session) -> None:
+    h2, h3 = lan.hosts
+    hosts = two_hosts.status().hosts()
+    assert hosts == [("h2", h2.addr, "rank 0", "1", "-"), ("h3", h3.addr, "rank 1", "1", "-")]

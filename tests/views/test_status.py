@@ -93,3 +93,20 @@ def test_progress_is_a_text_bar_outside_jupyter_and_silent_when_off(
     err = capsys.readouterr().err
     assert "distnb: engines registered" in err and "1/2" in err
     assert "distnb: ranks joined the process group" in err and "2/2" in err
+
+
+def test_ranks_on_several_hosts_get_a_row_per_host() -> None:
+    ranks = (
+        RankInfo(0, 0, 0, "node1", 100, "cuda:0", "nccl", "10.0.0.1"),
+        RankInfo(1, 1, 1, "node1", 101, "cuda:1", "nccl", "10.0.0.1"),
+        RankInfo(2, 0, 2, "node2", 200, "cuda:0", "nccl", "10.0.0.2"),
+    )
+    status = Status(ranks)
+    assert status.hosts() == [
+        ("node1", "10.0.0.1", "ranks 0-1", "2", "cuda:0, cuda:1"),
+        ("node2", "10.0.0.2", "rank 2", "1", "cuda:0"),
+    ]
+    text = repr(status)
+    assert "hosts:" in text and "node2  10.0.0.2  rank 2" in text
+    assert "hosts" in status._repr_html_() and "10.0.0.2" in status._repr_html_()
+    assert Status(RANKS).hosts() == [] and "hosts:" not in repr(Status(RANKS))  # one host
