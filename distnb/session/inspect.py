@@ -71,7 +71,8 @@ def timeline(session: Session, cells: int | None = None) -> TimelineView:
 
     since = None if cells is None else max(1, session.runs - cells + 1)
     events = [e for per_rank in session.call(runtime.events, since) for e in per_rank]
-    return TimelineView(events, _clock_offsets(session))
+    hosts = {r.rank: r.host for r in session.ranks}
+    return TimelineView(events, _clock_offsets(session), hosts)
 
 
 def _clock_offsets(session: Session) -> ClockOffsets | None:

@@ -89,3 +89,10 @@ def test_status_groups_the_ranks_by_host(lan: Lan, two_hosts: Session) -> None:
     h2, h3 = lan.hosts
     hosts = two_hosts.status().hosts()
     assert hosts == [("h2", h2.addr, "rank 0", "1", "-"), ("h3", h3.addr, "rank 1", "1", "-")]
+
+
+def test_the_timeline_shows_hosts_on_one_clock(two_hosts: Session) -> None:
+    two_hosts.run("x = torch.ones(1)\nfor _ in range(3):\n    dist.all_reduce(x)")
+    view = two_hosts.timeline(cells=1)
+    assert view.timeline.offsets_applied and view.timeline.hosts == {0: "h2", 1: "h3"}
+    assert "rank 1 (h3)" in repr(view)

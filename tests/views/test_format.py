@@ -129,6 +129,10 @@ def test_status_lists_one_row_per_rank_or_says_why_not() -> None:
         "rank  host  pid  device  backend",
         "0     h<1>  123  cpu     gloo",
         "1     h     9    cpu     gloo",
+        "hosts:",  # two host names: a row per host
+        "host  address  ranks   local ranks  GPUs",
+        "h<1>  -        rank 0  1            -",
+        "h     -        rank 1  1            -",
         "2 ranks",
     ]
     cells = [[text for _, text in cells] for _, cells in parse(status._repr_html_()).rows]

@@ -343,3 +343,15 @@ def test_origins_show_beside_call_sites() -> None:
     view = TimelineView(events)
     assert f"dist.all_reduce(x) [{bucket}]" in repr(view)  # the straggler's site, in the text
     assert f"[{bucket}]" in view._repr_html_()  # and in the drawing's tooltips
+
+
+def test_ranks_on_several_hosts_are_labelled_with_their_host() -> None:
+    events = straggling(n_coll=3, n_ranks=2, slow=1)
+    view = TimelineView(events, ClockOffsets({0: 0, 1: 0}, precision_ns=1000), {0: "n1", 1: "n2"})
+    text = repr(view)
+    assert "rank 1 (n2)" in text
+    trace = chrome_trace(view.timeline)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {"rank 0 (n1)", "rank 1 (n2)"}
+    one_host = TimelineView(events, None, {0: "n1", 1: "n1"})
+    assert "(n1)" not in repr(one_host)

@@ -46,9 +46,10 @@ class TimelineView:
         self,
         events: Sequence[CollectiveEvent],
         offsets: ClockSync | Mapping[int, int] | None = None,
+        hosts: Mapping[int, str] | None = None,
     ) -> None:
         self.events = tuple(events)
-        self.timeline = build_timeline(self.events, offsets)
+        self.timeline = build_timeline(self.events, offsets, hosts)
 
     def __repr__(self) -> str:
         return render_text(self.timeline)

@@ -37,5 +37,6 @@ def lanes(tl: Timeline, ranks: Collection[int] | None = None) -> list[tuple[int,
 
 
 def lane_label(tl: Timeline, rank: int, group: str) -> str:
-    """The lane's name: `rank 1`, or `rank 1 tp` when the timeline has more than one group."""
-    return f"rank {rank}" + (f" {group}" if len(tl.groups) > 1 else "")
+    """The lane's name: `rank 1`, `rank 1 tp` when the timeline has more than one group,
+    `rank 1 (node2)` when its ranks span hosts."""
+    return tl.who(rank) + (f" {group}" if len(tl.groups) > 1 else "")

@@ -174,6 +174,11 @@ class Timeline:
     ops: tuple[OpStat, ...]  # most time first
     offsets_applied: bool
     precision_ns: int | None
+    hosts: Mapping[int, str] = field(default_factory=dict)  # rank -> host, when several
+
+    def who(self, rank: int) -> str:
+        """`rank 1`, or `rank 1 (node2)` when the ranks span hosts."""
+        return f"rank {rank}" + (f" ({self.hosts[rank]})" if rank in self.hosts else "")
 
     @property
     def n_events(self) -> int:
@@ -233,6 +238,7 @@ def nccl_bytes(op: str, nbytes: int, n: int) -> int:
 def build_timeline(
     events: Iterable[CollectiveEvent],
     offsets: ClockSync | Mapping[int, int] | None = None,
+    hosts: Mapping[int, str] | None = None,
 ) -> Timeline:
     """Group events by (group, seq), put them on one clock and summarise.
 
@@ -260,6 +266,7 @@ def build_timeline(
         ops=_op_stats(colls),
         offsets_applied=offsets is not None,
         precision_ns=precision,
+        hosts=dict(hosts) if hosts and len(set(hosts.values())) > 1 else {},
     )
 
 

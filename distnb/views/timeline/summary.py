@@ -40,7 +40,12 @@ def headline(tl: Timeline) -> str:
 def straggler_rows(tl: Timeline, limit: int = STRAGGLER_LIMIT) -> list[list[str]]:
     """The ranks that held the others up most; on a big job the rest are summed in one line."""
     rows = [
-        [str(s.rank), str(s.times_last), format_ns(s.wait_caused_ns), format_ns(s.own_wait_ns)]
+        [
+            tl.who(s.rank).removeprefix("rank "),
+            str(s.times_last),
+            format_ns(s.wait_caused_ns),
+            format_ns(s.own_wait_ns),
+        ]
         for s in tl.stragglers[:limit]
     ]
     rest = tl.stragglers[limit:]
@@ -81,7 +86,7 @@ def longest_waits(tl: Timeline, n: int = 5) -> list[Collective]:
 
 def wait_rows(tl: Timeline) -> list[list[str]]:
     return [
-        [f"{c.group} #{c.seq} {c.op}", f"rank {c.last_rank}", format_ns(c.total_wait_ns), _site(c)]
+        [f"{c.group} #{c.seq} {c.op}", tl.who(c.last_rank), format_ns(c.total_wait_ns), _site(c)]
         for c in longest_waits(tl)
     ]
 

@@ -115,7 +115,7 @@ def _complete(
 def _metadata(tl: Timeline, tids: dict[tuple[int, str, int], int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for r in tl.ranks:
-        out.append(_meta("process_name", r, 0, {"name": f"rank {r}"}))
+        out.append(_meta("process_name", r, 0, {"name": tl.who(r)}))
         out.append(_meta("process_sort_index", r, 0, {"sort_index": r}))
     for (rank, group, lane), tid in tids.items():
         name = group if lane == 0 else f"{group} (overlap {lane})"
