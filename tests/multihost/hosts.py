@@ -189,16 +189,19 @@ class Host:
             "Subsystem sftp /usr/lib/openssh/sftp-server\n"
         )
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
-        # A private home, but for the Python the virtualenv points at if it lies under home
-        # (pyenv's): a cluster's hosts have their own home or share one with the Python in it.
-        home, keep = Path.home(), ""
-        base = Path(sys.base_prefix).resolve()
-        if base.is_relative_to(home):
-            (self.home / base.relative_to(home)).mkdir(parents=True)
-            keep = f"mount --bind {base} {self.home / base.relative_to(home)} && "
+        # A private home and /tmp, but for the Python, the virtualenv and this checkout where
+        # they lie under either (pyenv's Python, a clone in /tmp): a cluster's hosts share those
+        # through a shared file system, or have their own copy at the same path.
+        home, keep = Path.home(), []
+        shared = {Path(p).resolve() for p in (sys.base_prefix, sys.prefix, _checkout())}
+        for path in sorted(shared):
+            for private, over in ((self.home, home), (self.tmp, Path("/tmp"))):
+                if path.is_relative_to(over):
+                    (private / path.relative_to(over)).mkdir(parents=True, exist_ok=True)
+                    keep.append(f"mount --bind {path} {private / path.relative_to(over)} && ")
         setup = (
-            f"hostname {self.name} && {keep}mount --rbind {self.home} {home} && "
-            f"mount --bind {self.tmp} /tmp && mount -t tmpfs tmpfs /dev/shm && "
+            f"hostname {self.name} && {''.join(keep)}mount --rbind {self.home} {home} && "
+            f"mount --rbind {self.tmp} /tmp && mount -t tmpfs tmpfs /dev/shm && "
             f"exec {sys.executable} -c '{_INIT}'"
         )
         namespaces = ["unshare", "--uts", "--mount", "--pid", "--fork", "--kill-child"]
@@ -245,3 +248,10 @@ class Host:
                 os.killpg(self._sshd.pid, signal.SIGKILL)  # unshare's --kill-child ends the rest
             self._sshd.wait()
             self._sshd = None
+
+
+def _checkout() -> str:
+    """The folder distnb is imported from (this checkout, for an editable install)."""
+    import distnb
+
+    return str(Path(distnb.__file__).resolve().parents[1])
