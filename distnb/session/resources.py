@@ -16,6 +16,7 @@ import psutil
 from distnb.records.cell import RankInfo
 from distnb.records.resources import RankResources
 from distnb.session.oom import OOM_TEXT, OomWatch, ended_text
+from distnb.session.remote import REMOTE_LOST
 from distnb.views.display import in_kernel
 from distnb.views.status import ALIVE, Status
 
@@ -80,11 +81,14 @@ def prepare(session: Session) -> None:
 
 
 def _state(session: Session, info: RankInfo) -> str:
-    """`alive`, or how a local rank's process ended (a rank on another host: `alive`, until
-    it fails to answer)."""
-    if info.host != socket.gethostname() or _running(info.pid):
-        return ALIVE
+    """`alive`, or how a local rank's process ended; a rank on another host is alive while its
+    engine is in the cluster (the controller drops it when its nanny or heartbeat says so)."""
     assert session._cluster is not None
+    if info.host != socket.gethostname():
+        client = session._cluster.client
+        return ALIVE if client is not None and info.engine_id in client.ids else REMOTE_LOST
+    if _running(info.pid):
+        return ALIVE
     return ended_text(info.pid, session._cluster.exit_status(info.pid, wait=0.2), session.oom)
 
 

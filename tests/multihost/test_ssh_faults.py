@@ -14,6 +14,7 @@ import pytest
 
 from distnb.errors import DistnbWarning, RankDiedError, SessionError
 from distnb.session.joining import CONNECT_S
+from distnb.session.remote import REMOTE_LOST
 from tests.conftest import running
 from tests.multihost.conftest import engines_on, start_on
 from tests.multihost.hosts import Host, Lan, missing
@@ -57,6 +58,7 @@ def test_a_rank_lost_on_another_host_mid_cell_is_named_with_its_host(lan: Lan, f
             s.run(WAITS)
         thread.join()
         assert time.monotonic() - started < NAMED_S
+        assert s.status().states == ("alive", REMOTE_LOST)
         if fault == "killed":
             s.stop()
         else:
