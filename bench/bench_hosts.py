@@ -1,0 +1,159 @@
+"""Ranks on two hosts over ssh: distnb's start against ipyparallel's own, and the check's cost.
+
+    sudo python bench/bench_hosts.py [--repeats 5]
+
+Needs root (it makes the rehearsal hosts of `tests/multihost/hosts.py`: two hosts behind a
+router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd).
+
+- start: 2 ranks on each host, from the call until every rank is in a gloo process group across
+  the hosts. distnb: `distnb.start(hosts=..., host=..., ssh_args=...)`. The peer: ipyparallel's
+  `Cluster(engines="ssh")` with the same hosts and ssh arguments and its defaults, then
+  `import torch` on the engines and `init_process_group("gloo")` through a TCPStore on the
+  kernel's address, each engine on the interface that reaches it (as distnb sets it). The two
+  alternate which goes first, repeat by repeat; ratio of the medians, paired by repeat.
+- cost: an 8-element all_reduce between the hosts (fingerprints through the store, signed),
+  checked against unchecked, in rounds that alternate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from median_ci import median_ci, ratio_of_medians  # noqa: E402
+
+import distnb  # noqa: E402
+from tests.multihost.hosts import Lan, missing  # noqa: E402
+
+RANKS_PER_HOST = 2
+
+
+def distnb_start(lan: Lan) -> tuple[float, distnb.Session]:
+    started = time.perf_counter()
+    session = distnb.start(
+        hosts={h.addr: RANKS_PER_HOST for h in lan.hosts},
+        host=lan.kernel_addr,
+        ssh_args=lan.ssh_args,
+        progress=False,
+    )
+    return time.perf_counter() - started, session
+
+
+def raw_start(lan: Lan) -> float:
+    """ipyparallel's ssh engines with its defaults, then torch and a gloo group across hosts."""
+    import ipyparallel as ipp
+    import torch.distributed as dist
+
+    started = time.perf_counter()
+    n = RANKS_PER_HOST * len(lan.hosts)
+    cluster = ipp.Cluster(
+        n=n,
+        profile_dir=tempfile.mkdtemp(prefix="bench-ipp-"),
+        controller_ip=lan.kernel_addr,
+        engines="ssh",
+        log_level=40,
+    )
+    store = dist.TCPStore(lan.kernel_addr, 0, is_master=True, wait_for_workers=False)
+    try:
+        cluster.start_controller_sync()
+        cluster.start_engines_sync(
+            n,
+            engines={h.addr: RANKS_PER_HOST for h in lan.hosts},
+            remote_python=sys.executable,
+            ssh_args=lan.ssh_args,
+            scp_args=lan.ssh_args,
+        )
+        client = cluster.connect_client_sync()
+        client.wait_for_engines(n, timeout=120)
+        view = client[:]
+        view.scatter("rank", list(range(n)), flatten=True, block=True)
+        view.execute(
+            "import os, torch, torch.distributed as dist\n"
+            "from distnb.rank.torchrun import interface_towards\n"
+            f"os.environ['GLOO_SOCKET_IFNAME'] = interface_towards({lan.kernel_addr!r})\n"
+            f"store = dist.TCPStore({lan.kernel_addr!r}, {store.port}, is_master=False)\n"
+            f"dist.init_process_group('gloo', store=store, rank=rank, world_size={n})",
+            block=True,
+        )
+        return time.perf_counter() - started
+    finally:
+        cluster.stop_cluster_sync()
+
+
+def cost(session: distnb.Session, rounds: int, iters: int) -> dict[str, list[float]]:
+    code = (
+        "import time\nx = torch.ones(8)\nt = time.perf_counter()\n"
+        f"for _ in range({iters}):\n    dist.all_reduce(x)\n"
+        f"(time.perf_counter() - t) / {iters} * 1e6"
+    )
+    times: dict[str, list[float]] = {"unchecked": [], "checked": []}
+    for r in range(rounds):
+        for mode in ("unchecked", "checked") if r % 2 == 0 else ("checked", "unchecked"):
+            result = session.run(code, check=mode == "checked")
+            times[mode].append(max(float(result.result(i) or 0) for i in range(len(session.ranks))))
+    return times
+
+
+def _row(name: str, ours: list[float], peer: list[float] | None, unit: str, label: str) -> str:
+    low, high = median_ci(ours)
+    text = f"{name:34} {statistics.median(ours):9.3f} {unit} [{low:.3f}-{high:.3f}]"
+    if peer is None:
+        return text
+    ratio, r_low, r_high = ratio_of_medians(ours, peer)
+    return (
+        f"{text}   {label} {statistics.median(peer):.3f} {unit}: "
+        f"{ratio:.2f}x [{r_low:.2f}-{r_high:.2f}]"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    if why := missing():
+        sys.exit(f"bench_hosts needs {why}")
+    print(f"$ python bench/bench_hosts.py --repeats {args.repeats} --rounds {args.rounds}")
+    with tempfile.TemporaryDirectory(prefix="bench-hosts-") as state:
+        lan = Lan(Path(state))
+        try:
+            lan.add_host("h2")
+            lan.add_host("h3")
+            ours: list[float] = []
+            peer: list[float] = []
+            for i in range(args.repeats):
+                for kind in ("raw", "distnb") if i % 2 else ("distnb", "raw"):
+                    if kind == "raw":
+                        peer.append(raw_start(lan))
+                    else:
+                        elapsed, session = distnb_start(lan)
+                        ours.append(elapsed)
+                        session.stop()
+            _, session = distnb_start(lan)
+            with session:
+                times = cost(session, args.rounds, 200)
+        finally:
+            lan.close()
+    print(f"# 2 hosts x {RANKS_PER_HOST} ranks; starts alternate which goes first")
+    print(_row("start to ready (s)", ours, peer, "s", "ipyparallel ssh + torch + gloo"))
+    print(
+        _row(
+            "8-el all_reduce across hosts (us)",
+            times["checked"],
+            times["unchecked"],
+            "us",
+            "unchecked",
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
