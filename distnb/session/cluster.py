@@ -158,14 +158,15 @@ class Cluster:
         (the controller's death would otherwise leave them waiting until `timeout`)."""
         deadline = time.monotonic() + timeout
         for ar in pending:
-            while not ar.ready() and time.monotonic() < deadline and not self._raise_if_lost():
+            while not ar.ready() and time.monotonic() < deadline and not self.raise_if_lost():
                 ar.wait(0.05)
             if not ar.ready():
                 raise TimeoutError(f"the engines did not answer within {timeout:g} s")
-        self._raise_if_lost()  # an engine's death, rather than ipyparallel's word for it
+        self.raise_if_lost()  # an engine's death, rather than ipyparallel's word for it
         return [ar.get() for ar in pending]
 
-    def _raise_if_lost(self) -> bool:
+    def raise_if_lost(self) -> bool:
+        """Raise if a process the cluster cannot work without is gone (else False)."""
         gone = self.lost()
         if gone is not None:
             raise RuntimeError(f"{self.describe(gone)} {self.how(gone)}")

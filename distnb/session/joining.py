@@ -83,6 +83,7 @@ def wait_joined(
     does (a process lost, `JOIN_TIMEOUT_S`), and when the group cannot connect (see above)."""
     results: dict[int, Any] = {}
     names = [keys.endpoint(rank) for rank, _ in pending]
+    limit = CONNECT_S.get(backend, CONNECT_S["nccl"])
     started, arrived = time.monotonic(), 0.0
     while len(results) < len(pending):
         for rank, ar in pending:
@@ -91,12 +92,12 @@ def wait_joined(
                 on_joined(len(results))
         if len(results) == len(pending):
             break
-        cluster.wait_all([], timeout=0)  # a lost process, named
+        cluster.raise_if_lost()
         now = time.monotonic()
         if not arrived and store.check(names):
             arrived = now
-        if arrived and now - arrived > CONNECT_S.get(backend, CONNECT_S["nccl"]):
-            raise RuntimeError(_cannot_connect(store, names, pending, results, backend))
+        if arrived and now - arrived > limit:
+            raise RuntimeError(_cannot_connect(store, names, pending, results, backend, limit))
         if now - started > JOIN_TIMEOUT_S:
             raise TimeoutError(f"the engines did not answer within {JOIN_TIMEOUT_S:g} s")
         time.sleep(0.05)
@@ -105,12 +106,12 @@ def wait_joined(
 
 def _cannot_connect(
     store: Any, names: list[str], pending: Sequence[tuple[int, Any]], joined: dict[int, Any],
-    backend: str,
+    backend: str, limit: float,
 ) -> str:  # fmt: skip
     waiting = [rank for rank, _ in pending if rank not in joined]
     lines = [
         f"{format_ranks(waiting)} did not join the process group within "
-        f"{CONNECT_S.get(backend, 60):g} s of the last rank's arrival: the ranks cannot connect "
+        f"{limit:g} s of the last rank's arrival: the ranks cannot connect "
         "to each other."
     ]
     for (rank, _), raw in zip(pending, store.multi_get(names), strict=True):

@@ -10,6 +10,7 @@ from typing import Any
 
 from distnb.errors import ConfigError
 from distnb.session.control import is_loopback
+from distnb.session.remote import SSH_OPTIONS
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_CPU_RANKS = 2
@@ -89,8 +90,6 @@ class Options:
         Python and distnb's engine on it, ssh's and scp's arguments)."""
         if self.engines != "ssh":
             return {}
-        from distnb.session.remote import SSH_OPTIONS
-
         python = self.python or sys.executable
         ssh_args = [*self.ssh_args, *SSH_OPTIONS]
         return {
