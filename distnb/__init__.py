@@ -46,6 +46,7 @@ def start(
     hosts: str | _typing.Mapping[str, int] | None = None,
     python: str = "",
     ssh_args: _typing.Sequence[str] = (),
+    slurm: str | _typing.Sequence[str] = (),
 ) -> Session:
     """Start `n` ranks and return the running `Session` (`%dist_start` calls this).
 
@@ -61,6 +62,11 @@ def start(
     `"node1:4,node2:4"`; `n` is their sum), `host` this machine's address on the network they
     share, `python` the interpreter on the hosts (default: this one's path, as on a shared
     home), `ssh_args` for ssh and scp (`["-i", "~/.ssh/cluster"]`).
+
+    Ranks through Slurm: `engines="slurm"`, `host` as above, and `slurm` the options of the
+    command that starts them, as on a command line (`"--partition gpu --time 1:00:00 --account
+    proj"`): srun's inside an allocation (`salloc`, an `sbatch` script), where `n` defaults to
+    its tasks, and elsewhere sbatch's, which submits a job of `n` tasks.
 
     >>> with distnb.start(2) as s:
     ...     s.run("print(rank, world_size)")
@@ -81,6 +87,7 @@ def start(
         hosts=hosts,
         python=python,
         ssh_args=ssh_args,
+        slurm=slurm,
     )
 
 

@@ -39,6 +39,7 @@ class DistMagics(Magics):
     @argument("--register-timeout", type=str, default=None, help="seconds engines get to register")
     @argument("--hosts", default=None, help="ranks over ssh, per host: node1:4,node2:4")
     @argument("--python", default="", help="the Python on those hosts (default: this one's path)")
+    @argument("--slurm", default="", help="--engines slurm: sbatch's (srun's) options, quoted")
     @line_magic
     def dist_start(self, line: str) -> Any:
         """Start ranks: `%dist_start -n 2 [--backend gloo] [--timeout 60]`."""
@@ -57,8 +58,7 @@ class DistMagics(Magics):
                 check=not args.no_check,
                 register_timeout=_seconds(args.register_timeout, "--register-timeout")
                 or REGISTER_TIMEOUT_S,
-                hosts=args.hosts,
-                python=args.python,
+                **{name: getattr(args, name) for name in ("hosts", "python", "slurm")},
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None

@@ -40,7 +40,7 @@ def test_start_shows_its_real_signature() -> None:
     params = inspect.signature(distnb.start).parameters
     assert list(params) == [
         "n", "backend", "timeout", "engines", "host", "check", "progress", "register_timeout",
-        "hosts", "python", "ssh_args",
+        "hosts", "python", "ssh_args", "slurm",
     ]  # fmt: skip
     assert all(p.kind is p.KEYWORD_ONLY for name, p in params.items() if name != "n")
     assert "Example" in (distnb.start.__doc__ or "") or ">>>" in (distnb.start.__doc__ or "")

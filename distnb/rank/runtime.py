@@ -56,11 +56,13 @@ class _Runtime:
 
 
 _runtime: _Runtime | None = None
+_LAUNCH_RANKS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")  # mpiexec's, srun's
 
 
 def probe(engine_id: int) -> EngineProbe:
-    """Describe this engine so the kernel can assign ranks (grouped by host, MPI order kept)."""
-    mpi = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+    """Describe this engine so the kernel can assign ranks (grouped by host, MPI's or srun's
+    order kept)."""
+    mpi = next(filter(None, map(os.environ.get, _LAUNCH_RANKS)), None)
     return EngineProbe(
         engine_id=engine_id,
         host=socket.gethostname(),

@@ -400,6 +400,7 @@ def start(
     hosts: str | Mapping[str, int] | None = None,
     python: str = "",
     ssh_args: Sequence[str] = (),
+    slurm: str | Sequence[str] = (),
 ) -> Session:
     """Start `n` ranks (default: one per local GPU, else 2) and return the running session;
     the options are `distnb.start`'s.
@@ -410,9 +411,10 @@ def start(
     [rank 1] 1 2
     """
     from distnb.session.options import parse_hosts
+    from distnb.session.slurm import parse_args
 
-    ssh = (parse_hosts(hosts) if hosts else (), python, tuple(ssh_args))
-    options = Options(n, backend, timeout, engines, host, check, progress, register_timeout, *ssh)
+    away = (parse_hosts(hosts) if hosts else (), python, tuple(ssh_args), parse_args(slurm))
+    options = Options(n, backend, timeout, engines, host, check, progress, register_timeout, *away)
     return Session(options).start()
 
 

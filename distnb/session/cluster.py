@@ -26,7 +26,7 @@ import psutil
 
 from distnb.errors import DistnbWarning
 from distnb.reaper import MARK_VAR, Reaper, marked
-from distnb.session import processes, remote
+from distnb.session import processes, remote, slurm
 from distnb.session.failures import exit_text
 from distnb.session.watch import Member, Role, own_lines
 
@@ -38,7 +38,9 @@ from distnb.session.watch import Member, Role, own_lines
 CONTROLLER_ARGS = ["--IPController.use_threads=True", "--HeartMonitor.period=100"]
 # Misses allowed: 100, but 30 for engines on other hosts, whose cut link only the heartbeat
 # tells (a nanny there cannot reach the controller): 3 s of silence instead of 10.
-HEART_MISSES = {"ssh": 30}
+HEART_MISSES = {"ssh": 30, "slurm": 30}
+# Launchers distnb adapts (ssh: a bounded stop; Slurm: a step in an allocation, a watched job).
+_LAUNCHERS = {"ssh": remote.ssh_engine_set, "slurm": slurm.engine_set}
 _TRACK_EVERY_S = 0.5  # while engines register: look for the processes they start
 _CONNECT_S = 1.0  # a slice of the wait for the controller's first answer
 _SETTLE_S = 0.5  # for a dead process's parent to end too (see `Cluster.lost`)
@@ -63,7 +65,9 @@ class Cluster:
         self.n = n
         self.engines = engines
         self.mark = secrets.token_hex(8)
-        self._own_profile = tempfile.mkdtemp(prefix="distnb-profile-")
+        self._own_profile = tempfile.mkdtemp(
+            prefix="distnb-profile-", dir=slurm.shared_folder() if engines == "slurm" else None
+        )
         self.cluster = ipp.Cluster(
             n=n,
             profile_dir=self._own_profile,
@@ -72,7 +76,7 @@ class Cluster:
                 *CONTROLLER_ARGS,
                 f"--HeartMonitor.max_heartmonitor_misses={HEART_MISSES.get(engines, 100)}",
             ],
-            engines=remote.ssh_engine_set() if engines == "ssh" else engines,
+            engines=_LAUNCHERS[engines]() if engines in _LAUNCHERS else engines,
             # Engines wait for the controller's connection file themselves, so they start
             # (and import torch) while the controller comes up instead of a second later.
             delay=0,
@@ -125,15 +129,16 @@ class Cluster:
         deadline = time.monotonic() + timeout
         self.client = self._connect(deadline)
         future = self.client.wait_for_engines(self.n, block=False, interactive=False)
-        tracked = time.monotonic()
+        tracked, queued = time.monotonic(), ""  # queued: how a batch job stands, if it waits
         while not future.done():
-            _registered(on_progress, self.client.ids)
+            _registered(on_progress, self.client.ids, queued)
             if time.monotonic() - tracked >= _TRACK_EVERY_S:
                 self._track()
+                queued = slurm.waiting(list(self.cluster.engines.values()))
                 tracked = time.monotonic()
             self._raise_if_launcher_died()
             if time.monotonic() >= deadline:
-                raise RuntimeError(self._not_registered(timeout))
+                raise RuntimeError(self._not_registered(timeout, queued))
             concurrent.futures.wait([future], timeout=0.05)
         future.result()
         _registered(on_progress, self.client.ids)
@@ -188,7 +193,7 @@ class Cluster:
                     "registered" + (f"; its output:\n{output}" if output else "")
                 )
 
-    def _not_registered(self, timeout: float) -> str:
+    def _not_registered(self, timeout: float, queued: str) -> str:
         ids = sorted(self.client.ids)
         outputs = [
             f"{la_name}:\n{tail}"
@@ -197,7 +202,8 @@ class Cluster:
         ]
         return (
             f"{len(ids)} of {self.n} engines registered within {timeout:g} s "
-            f"(registered: {', '.join(map(str, ids)) or 'none'}); a slow machine or batch "
+            f"(registered: {', '.join(map(str, ids)) or 'none'}{'; ' * bool(queued)}{queued}); "
+            "a slow machine or batch "
             "queue may need longer (distnb.start(register_timeout=...)). The launchers' output:\n"
             + ("\n".join(outputs) or "(none)")
         )
@@ -425,10 +431,11 @@ class Cluster:
         return [p.pid for p in alive]
 
 
-def _registered(on_progress: Callable[[str, int], None], ids: list[int]) -> None:
-    """Progress of the registration: which engines are in (`engines registered (0, 2)`)."""
+def _registered(on_progress: Callable[[str, int], None], ids: list[int], queued: str = "") -> None:
+    """Progress of the registration: which engines are in (`engines registered (0, 2)`), or
+    how their batch job waits."""
     which = f" ({', '.join(map(str, sorted(ids)))})" if ids else ""
-    on_progress(f"engines registered{which}", len(ids))
+    on_progress(queued or f"engines registered{which}", len(ids))
 
 
 def _nothing_started(engines: str, engine_set: Any) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from distnb.errors import ConfigError
+from distnb.session import slurm
 from distnb.session.control import is_loopback
 from distnb.session.remote import SSH_OPTIONS
 
@@ -32,9 +33,10 @@ class Options:
     hosts: tuple[tuple[str, int], ...] = ()  # ranks per host, for the ssh launcher
     python: str = ""  # the Python the ssh launcher runs on the hosts: this one's path by default
     ssh_args: tuple[str, ...] = ()  # for ssh and scp: `-i key`, `-J jump`, `-o ...`
+    slurm: tuple[str, ...] = ()  # for sbatch, or srun inside an allocation: `-p gpu -t 60`
 
     def validated(self) -> Options:
-        opts = self._hosts_validated()
+        opts = self._slurm_validated()._hosts_validated()
         n = opts.n
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"n must be a whole number of ranks >= 1, got {n!r}; e.g. -n 2")
@@ -85,12 +87,35 @@ class Options:
             )
         return replace(self, hosts=hosts, n=total, engines="ssh")
 
+    def _slurm_validated(self) -> Options:
+        """The Slurm options only with `--engines slurm`; inside an allocation, `n` defaults to
+        its tasks; a control plane the nodes can reach."""
+        if self.slurm and self.engines != "slurm":
+            raise ConfigError("--slurm passes options to sbatch or srun: add --engines slurm")
+        if self.engines != "slurm":
+            return self
+        n = self.n
+        if n is None and os.environ.get("SLURM_NTASKS", "").isdigit() and slurm.allocation():
+            n = int(os.environ["SLURM_NTASKS"])
+        on_this_node = os.environ.get("SLURM_JOB_NUM_NODES") == "1" and os.environ.get(
+            "SLURMD_NODENAME"
+        )
+        if is_loopback(self.host) and not on_this_node:
+            raise ConfigError(
+                f"ranks on Slurm's nodes cannot reach the control plane on {self.host}: name "
+                "this machine's address on the network the nodes share, e.g. --host 10.0.0.1"
+            )
+        return replace(self, n=n)
+
     def launcher_settings(self) -> dict[str, Any]:
         """What the ipyparallel launcher needs beyond the defaults (ssh: the hosts, the remote
-        Python and distnb's engine on it, ssh's and scp's arguments)."""
+        Python and distnb's engine on it, ssh's and scp's arguments; Slurm: distnb's engine and
+        the user's options)."""
+        python = self.python or sys.executable
+        if self.engines == "slurm":
+            return slurm.settings(self.slurm, python)
         if self.engines != "ssh":
             return {}
-        python = self.python or sys.executable
         ssh_args = [*self.ssh_args, *SSH_OPTIONS]
         return {
             "engines": dict(self.hosts),
@@ -150,7 +175,7 @@ FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "DISTNB_")
 
 def engine_env(n: int, engines: str = "local") -> dict[str, str]:
     """What the engines' environment adds to what their launcher gives them."""
-    if engines == "ssh":
+    if engines in ("ssh", "slurm"):
         return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     # Ranks on one machine share its cores: give each rank's intra-op threads its share (as
     # torchrun does) unless the user chose.

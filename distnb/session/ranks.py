@@ -18,12 +18,14 @@ class Placement:
 
 
 def assign_ranks(probes: Sequence[EngineProbe]) -> list[Placement]:
-    """Ranks 0..N-1: MPI's order when every engine has an MPI rank, else grouped by host.
+    """Ranks 0..N-1: the launcher's order when every engine has a rank of its launcher (mpiexec,
+    srun), each its own, else grouped by host.
 
     Grouping by host (hosts in order of their lowest engine id) makes `local_rank` the index
     of a rank on its host, which is the CUDA device it uses.
     """
-    if probes and all(p.mpi_rank is not None for p in probes):
+    launched = {p.mpi_rank for p in probes}
+    if None not in launched and len(launched) == len(probes):
         ordered = sorted(probes, key=lambda p: p.mpi_rank or 0)
     else:
         first_seen: dict[str, int] = {}

@@ -3,6 +3,8 @@ what to write instead (tests/multihost starts ranks on a rehearsal host)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -10,6 +12,8 @@ from IPython.core.interactiveshell import InteractiveShell
 import distnb
 from distnb.errors import ConfigError
 from distnb.magics import DistMagics
+from distnb.session.options import Options
+from distnb.session.slurm import parse_args
 
 
 @pytest.mark.parametrize(
@@ -19,8 +23,10 @@ from distnb.magics import DistMagics
         ({"hosts": "h2:2"}, "cannot reach the control plane on 127.0.0.1"),
         ({"hosts": "h2:2", "n": 3, "host": "10.0.0.1"}, "-n 3 but --hosts names 2 ranks"),
         ({"hosts": "h2:x", "host": "10.0.0.1"}, "name:ranks pairs"),
+        ({"engines": "slurm"}, "Slurm's nodes cannot reach the control plane on 127.0.0.1"),
+        ({"slurm": "-p gpu"}, "--slurm passes options to sbatch or srun: add --engines slurm"),
     ],
-    ids=["no-hosts", "loopback", "n-disagrees", "bad-count"],
+    ids=["no-hosts", "loopback", "n-disagrees", "bad-count", "slurm-loopback", "slurm-alone"],
 )
 def test_hosts_that_cannot_work_are_refused_before_anything_starts(
     kwargs: dict[str, object], said: str
@@ -33,3 +39,20 @@ def test_the_magic_takes_the_hosts(shell: InteractiveShell) -> None:
     magics = DistMagics(shell)  # with no session of its own yet
     with pytest.raises(UsageError, match=r"cannot reach the control plane on 127\.0\.0\.1"):
         magics.dist_start("--hosts node1:2,node2:2 --python /opt/py/bin/python")
+    with pytest.raises(UsageError, match="add --engines slurm"):
+        magics.dist_start('-n 4 --slurm "--partition gpu --time 1:00:00"')
+
+
+def test_slurm_options_reach_the_launcher_as_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch's from a login node; srun's inside an allocation, which gives `n` its tasks."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    opts = Options(n=4, engines="slurm", host="10.0.0.1", slurm=parse_args("-p gpu -t '1:00:00'"))
+    assert opts.validated().launcher_settings()["submit_command"] == [
+        "sbatch", "-p", "gpu", "-t", "1:00:00",
+    ]  # fmt: skip
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    inside = replace(opts, n=None, slurm=("--overlap",)).validated()
+    assert inside.n == 8
+    assert inside.launcher_settings()["mpi_cmd"] == ["srun"]
+    assert inside.launcher_settings()["mpi_args"] == ["--overlap"]

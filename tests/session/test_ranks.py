@@ -27,6 +27,12 @@ def test_mpi_order_wins_when_every_engine_has_one() -> None:
     assert [p.probe.engine_id for p in placed] == [1, 0]
 
 
+def test_a_launcher_rank_every_engine_shares_is_not_an_order() -> None:
+    """Local engines of a kernel that srun started inherit its SLURM_PROCID, 0 for all."""
+    placed = assign_ranks([probe(0, "b", mpi=0), probe(1, "a", mpi=0), probe(2, "b", mpi=0)])
+    assert [p.probe.engine_id for p in placed] == [0, 2, 1]  # grouped by host instead
+
+
 def test_auto_backend_is_nccl_only_with_a_gpu_per_rank() -> None:
     assert choose_backend("auto", assign_ranks([probe(0, "a", 2), probe(1, "a", 2)])) == "nccl"
     assert choose_backend("auto", assign_ranks([probe(0, "a", 1), probe(1, "a", 1)])) == "gloo"
