@@ -22,6 +22,9 @@ Who writes what (values in brackets):
 - `debug/cell-file` [a path, or empty]: the kernel, before each run while JupyterLab's visual
   debugger is attached to the ranks: the file name the frontend knows the cell by; each rank
   compiles the cell under it.
+- `debug/dap/<channel>/<to kernel|to rank>/<n>` [a chunk of bytes]: the n-th piece of a debug
+  adapter connection between the kernel and a rank on another host (`distnb.rank.debug.relay`);
+  read once and deleted.
 - `replicas/...` [stamped digests, tensors, reports]: the boards of replica checks and of watches
   that raise (`replicas`).
 - `check/host/<rank>` [text]: a rank's host identity, so ranks on one host use shared memory.
@@ -41,6 +44,7 @@ __all__ = [
     "ask_number",
     "beacon",
     "board",
+    "dap",
     "decode_run",
     "encode_run",
     "endpoint",
@@ -101,6 +105,10 @@ def ask(n: int) -> str:
 
 def answer(n: int) -> str:
     return f"{_DEBUG}/answer/{n}"
+
+
+def dap(channel: str, to: str, n: int) -> str:
+    return f"{_DEBUG}/dap/{channel}/{to}/{n}"
 
 
 def stack_request(rank: int, n: int) -> str:

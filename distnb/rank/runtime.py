@@ -220,6 +220,13 @@ def control_store() -> dist.Store:
     return _runtime.store
 
 
+def control_client() -> dist.Store:
+    """A connection of its own to the control plane, for a thread that waits on it."""
+    control_store()  # says what to do outside a rank
+    assert _runtime is not None
+    return connect(_runtime.spec)
+
+
 def connect(spec: RankSpec) -> dist.Store:
     """A client of the kernel-hosted control plane, under the session's prefix."""
     client = dist.TCPStore(

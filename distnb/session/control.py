@@ -30,16 +30,31 @@ class ControlPlane:
             host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
         )
         self.port: int = self._server.port
-        self.store: Any = dist.PrefixStore(self.session_id, self._server)
         # Off loopback, anyone on the network can reach the store: sign it (distnb.rank.signed).
         self.secret = "" if is_loopback(host) else secrets.token_hex(32)
-        if self.secret:
-            from distnb.rank.signed import SignedStore
-
-            self.store = SignedStore(self.store, bytes.fromhex(self.secret))
+        self.store: Any = self._signed(self._server)
         self._stack_requests: dict[int, int] = {}
         self._asked: list[int] = []  # per rank, the requests for input read so far
         self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
+
+    def client(self) -> Any:
+        """A connection of its own to the store (signed as `store` is), for a thread that
+        waits on it: a waiting client holds its connection."""
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=30)
+        return self._signed(dist.TCPStore(self.host, self.port, is_master=False, timeout=timeout))
+
+    def _signed(self, connection: Any) -> Any:
+        """The session's view of a connection to the store: its prefix, signed if need be."""
+        import torch.distributed as dist
+
+        store = dist.PrefixStore(self.session_id, connection)
+        if not self.secret:
+            return store
+        from distnb.rank.signed import SignedStore
+
+        return SignedStore(store, bytes.fromhex(self.secret))
 
     def begin_run(
         self, cell: int, run_id: int, check: bool, stdin: bool = True, everyone: bool = True

@@ -27,13 +27,13 @@ class DapError(RuntimeError):
 
 
 class DapClient:
-    """One connection to a debug adapter at (host, port)."""
+    """One connection to a debug adapter: `sock`, connected to it (or to a relay to it)."""
 
     def __init__(
-        self, host: str, port: int, on_event: Callable[[Message], None], name: str = ""
+        self, sock: socket.socket, on_event: Callable[[Message], None], name: str = ""
     ) -> None:
-        self.name = name or f"{host}:{port}"
-        self._sock = socket.create_connection((host, port), timeout=10)
+        self.name = name or "debug adapter"
+        self._sock = sock
         self._sock.settimeout(None)
         self._on_event = on_event
         self._seq = itertools.count(1)

@@ -66,6 +66,10 @@ def ssh_engine_set() -> type:
     class EngineSet(SSHEngineSetLauncher):  # type: ignore[misc]
         launcher_class = Engine
 
+        def _notice_engine_stopped(self, data: dict[str, Any]) -> None:
+            if data["identifier"] in self.launchers:  # not one `stop` took out (`_forget`)
+                super()._notice_engine_stopped(data)
+
     return EngineSet
 
 

@@ -8,7 +8,8 @@ code never runs. `VisualDebugger` stands in front of ipykernel's debugger (`inst
   rank's own debugpy (`distnb.rank.debug.visual.listen`, a `dap.DapClient` each), replaying the
   frontend's breakpoints, and tells the ranks the file name the frontend knows the cell by: the
   ranks compile the cell under it, so gutter breakpoints stop them and the frontend highlights
-  their line in the cell.
+  their line in the cell. debugpy listens on the rank's loopback (it has no authentication); a
+  rank on another host is reached through the signed control plane (`distnb.rank.debug.relay`).
 - A rank's threads, frames and variables reach the frontend under ids of their own: id `i` of
   rank `r` is `(r + 1) << 32 | i` (ipykernel's own ids are small). A request naming such an id
   goes to that rank, with the rank's id; every other request is ipykernel's, as before.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+import socket
 import sys
 import threading
 import time
@@ -282,16 +285,32 @@ class VisualDebugger:
             if client is not None and not client.closed:
                 continue
             try:
-                host, port, not_mine = cluster.view(info.engine_id).apply_sync(listen)
-                self._connect(info.rank, host, port, not_mine)
+                view = cluster.view(info.engine_id)
+                host, port, not_mine = view.apply_sync(listen)
+                self._connect(info.rank, self._socket(info, view, host, port), not_mine)
             except (DapError, OSError) as exc:  # the cell runs; this rank just does not stop
                 self.clients.pop(info.rank, None)
                 print(f"distnb: JupyterLab's debugger cannot reach rank {info.rank}: {exc}",
                       file=sys.stderr)  # fmt: skip
 
-    def _connect(self, rank: int, host: str, port: int, not_mine: list[str]) -> None:
+    def _socket(self, info: RankInfo, view: Any, host: str, port: int) -> socket.socket:
+        """A connection to a rank's adapter: straight to it on this machine; on another host,
+        whose loopback it listens on, relayed through the control plane."""
+        if info.host == socket.gethostname():
+            return socket.create_connection((host, port), timeout=10)
+        from distnb.rank.debug.relay import Relay
+        from distnb.rank.debug.visual import relay
+
+        assert self.control is not None
+        channel = f"{info.rank}-{secrets.token_hex(4)}"
+        ours, theirs = socket.socketpair()
+        Relay(theirs, channel, "rank", (self.control.client(), self.control.client()))
+        view.apply_sync(relay, channel)
+        return ours
+
+    def _connect(self, rank: int, sock: socket.socket, not_mine: list[str]) -> None:
         ready = self.initialized[rank] = threading.Event()
-        client = DapClient(host, port, partial(self._on_event, rank), name=f"rank {rank}")
+        client = DapClient(sock, partial(self._on_event, rank), name=f"rank {rank}")
         self.clients[rank] = client
         client.request(
             "initialize",
