@@ -107,6 +107,17 @@ class Slurm:
         """`id state` of each job the controller still counts as queued or running."""
         return self.command("squeue", "-h", "-o", "%i %T").stdout.split("\n")[:-1]
 
+    def resume(self, host: Host) -> None:
+        """After `host` was cut off: what an administrator does for a node Slurm still counts as
+        completing a job (its own retries take minutes): down, then back in service."""
+        for state in ("down reason=rehearsal", "resume"):
+            self.command("scontrol", "update", f"nodename={host.name}", *f"state={state}".split())
+        deadline = time.monotonic() + 30
+        while self.command("sinfo", "-h", "-n", host.name, "-o", "%t").stdout.strip() != "idle":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host.name} did not come back: {self.log(host)}")
+            time.sleep(0.2)
+
     def log(self, host: Host) -> str:
         return host.ssh("tail -n 20 /tmp/slurmctld.log /tmp/slurmd.log").stdout
 
