@@ -1,16 +1,21 @@
-"""Ranks on two hosts over ssh: distnb's start against ipyparallel's own, and the check's cost.
+"""Ranks on two hosts over ssh and Slurm: distnb's start against ipyparallel's own, and the
+check's cost.
 
     sudo python bench/bench_hosts.py [--repeats 5]
 
 Needs root (it makes the rehearsal hosts of `tests/multihost/hosts.py`: two hosts behind a
-router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd).
+router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd), and
+for the Slurm rows Debian's slurm-wlm and munge (`tests/multihost/slurm.py`: slurmctld on the
+first host, a slurmd on each).
 
 - start: 2 ranks on each host, from the call until every rank is in a gloo process group across
-  the hosts. distnb: `distnb.start(hosts=..., host=..., ssh_args=...)`. The peer: ipyparallel's
-  `Cluster(engines="ssh")` with the same hosts and ssh arguments and its defaults, then
-  `import torch` on the engines and `init_process_group("gloo")` through a TCPStore on the
-  kernel's address, each engine on the interface that reaches it (as distnb sets it). The two
-  alternate which goes first, repeat by repeat; ratio of the medians, paired by repeat.
+  the hosts. distnb: `distnb.start(hosts=..., host=..., ssh_args=...)`, or `engines="slurm"`
+  (a job of its own, `--ntasks-per-node 2`). The peer: ipyparallel's `Cluster(engines="ssh")`
+  with the same hosts and ssh arguments, or `Cluster(engines="slurm")` with the same sbatch
+  options, and its defaults, then `import torch` on the engines and `init_process_group("gloo")`
+  through a TCPStore on the kernel's address, each engine on the interface that reaches it (as
+  distnb sets it). The two alternate which goes first, repeat by repeat; ratio of the medians,
+  paired by repeat.
 - cost: an 8-element all_reduce between the hosts (fingerprints through the store, signed),
   checked against unchecked, in rounds that alternate.
 """
@@ -32,45 +37,52 @@ from median_ci import median_ci, ratio_of_medians  # noqa: E402
 
 import distnb  # noqa: E402
 from tests.multihost.hosts import Lan, missing  # noqa: E402
+from tests.multihost.slurm import Slurm  # noqa: E402
+from tests.multihost.slurm import missing as slurm_missing  # noqa: E402
 
 RANKS_PER_HOST = 2
+SBATCH = ["--ntasks-per-node", str(RANKS_PER_HOST)]
 
 
-def distnb_start(lan: Lan) -> tuple[float, distnb.Session]:
+def distnb_start(lan: Lan, engines: str = "ssh") -> tuple[float, distnb.Session]:
+    n = RANKS_PER_HOST * len(lan.hosts)
+    where: dict[str, object] = {"hosts": {h.addr: RANKS_PER_HOST for h in lan.hosts}}
+    if engines == "slurm":
+        where = {"n": n, "engines": "slurm", "slurm": SBATCH}
     started = time.perf_counter()
-    session = distnb.start(
-        hosts={h.addr: RANKS_PER_HOST for h in lan.hosts},
-        host=lan.kernel_addr,
-        ssh_args=lan.ssh_args,
-        progress=False,
-    )
+    session = distnb.start(host=lan.kernel_addr, ssh_args=lan.ssh_args, progress=False, **where)  # type: ignore[arg-type]
     return time.perf_counter() - started, session
 
 
-def raw_start(lan: Lan) -> float:
-    """ipyparallel's ssh engines with its defaults, then torch and a gloo group across hosts."""
+def raw_start(lan: Lan, engines: str = "ssh") -> float:
+    """ipyparallel's ssh or Slurm engines with its defaults, then torch and a gloo group across
+    hosts."""
     import ipyparallel as ipp
     import torch.distributed as dist
+    from IPython.paths import get_ipython_dir
 
     started = time.perf_counter()
     n = RANKS_PER_HOST * len(lan.hosts)
     cluster = ipp.Cluster(
         n=n,
-        profile_dir=tempfile.mkdtemp(prefix="bench-ipp-"),
+        # where the nodes see it, for Slurm's engines (a shared home)
+        profile_dir=tempfile.mkdtemp(prefix="bench-ipp-", dir=get_ipython_dir()),
         controller_ip=lan.kernel_addr,
-        engines="ssh",
+        engines=engines,
         log_level=40,
     )
     store = dist.TCPStore(lan.kernel_addr, 0, is_master=True, wait_for_workers=False)
+    launcher: dict[str, object] = {"submit_command": ["sbatch", *SBATCH]}
+    if engines == "ssh":
+        launcher = {
+            "engines": {h.addr: RANKS_PER_HOST for h in lan.hosts},
+            "remote_python": sys.executable,
+            "ssh_args": lan.ssh_args,
+            "scp_args": lan.ssh_args,
+        }
     try:
         cluster.start_controller_sync()
-        cluster.start_engines_sync(
-            n,
-            engines={h.addr: RANKS_PER_HOST for h in lan.hosts},
-            remote_python=sys.executable,
-            ssh_args=lan.ssh_args,
-            scp_args=lan.ssh_args,
-        )
+        cluster.start_engines_sync(n, **launcher)
         client = cluster.connect_client_sync()
         client.wait_for_engines(n, timeout=120)
         view = client[:]
@@ -114,6 +126,21 @@ def _row(name: str, ours: list[float], peer: list[float] | None, unit: str, labe
     )
 
 
+def starts(lan: Lan, engines: str, repeats: int) -> tuple[list[float], list[float]]:
+    """(distnb's, the peer's) start times, alternating which goes first."""
+    ours: list[float] = []
+    peer: list[float] = []
+    for i in range(repeats):
+        for kind in ("raw", "distnb") if i % 2 else ("distnb", "raw"):
+            if kind == "raw":
+                peer.append(raw_start(lan, engines))
+            else:
+                elapsed, session = distnb_start(lan, engines)
+                ours.append(elapsed)
+                session.stop()
+    return ours, peer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -127,23 +154,27 @@ def main() -> None:
         try:
             lan.add_host("h2")
             lan.add_host("h3")
-            ours: list[float] = []
-            peer: list[float] = []
-            for i in range(args.repeats):
-                for kind in ("raw", "distnb") if i % 2 else ("distnb", "raw"):
-                    if kind == "raw":
-                        peer.append(raw_start(lan))
-                    else:
-                        elapsed, session = distnb_start(lan)
-                        ours.append(elapsed)
-                        session.stop()
+            ssh = starts(lan, "ssh", args.repeats)
             _, session = distnb_start(lan)
             with session:
                 times = cost(session, args.rounds, 200)
+            slurm = None if slurm_missing() else Slurm(lan, lan.hosts)
+            if slurm is not None:
+                os.environ.update(slurm.env, IPYTHONDIR=str(slurm.shared / "ipython"))
+                try:
+                    by_slurm = starts(lan, "slurm", args.repeats)
+                finally:
+                    slurm.close()
         finally:
             lan.close()
     print(f"# 2 hosts x {RANKS_PER_HOST} ranks; starts alternate which goes first")
-    print(_row("start to ready (s)", ours, peer, "s", "ipyparallel ssh + torch + gloo"))
+    print(_row("start to ready, ssh (s)", *ssh, "s", "ipyparallel ssh + torch + gloo"))
+    if slurm is not None:
+        print(
+            _row(
+                "start to ready, Slurm job (s)", *by_slurm, "s", "ipyparallel Slurm + torch + gloo"
+            )
+        )
     print(
         _row(
             "8-el all_reduce across hosts (us)",
