@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 
 import distnb
-from distnb.errors import CollectiveMismatchError, DistnbWarning, RankDiedError, SessionError
+from distnb.errors import CollectiveMismatchError, DistnbWarning, SessionError
 from distnb.session import Session
-from distnb.session.remote import REMOTE_LOST
 from tests.multihost.conftest import engines_on
 from tests.multihost.hosts import Lan, missing
 from tests.multihost.slurm import Slurm
 from tests.multihost.slurm import missing as slurm_missing
-from tests.multihost.test_ssh_faults import NAMED_S, WAITS, fault_in, gone_within
+from tests.multihost.test_ssh_faults import gone_within, lose_rank_1
 
 pytestmark = [
     pytest.mark.multihost,
@@ -147,18 +146,7 @@ def test_a_rank_lost_on_a_node_is_named_with_its_node(lan: Lan, slurm: Slurm, fa
     node = next(h for h in lan.hosts if h.name == victim.host)
     assert node is not lan.hosts[0]  # not slurmctld's host: srun puts task 1 on the second node
     try:
-        started = time.monotonic()
-        if fault == "killed":
-            thread = fault_in(1.0, lambda: node.ssh(f"kill -9 {victim.pid}"))
-        else:
-            thread = fault_in(1.0, lambda: node.link(up=False))
-        with pytest.raises(
-            RankDiedError, match=rf"rank 1 \(pid {victim.pid} on {node.name}\) left"
-        ):
-            s.run(WAITS)
-        thread.join()
-        assert time.monotonic() - started < NAMED_S
-        assert s.status().states == ("alive", REMOTE_LOST)
+        lose_rank_1(s, node, fault)
     finally:
         s.stop()
         node.link(up=True)

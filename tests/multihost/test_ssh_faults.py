@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from distnb.errors import DistnbWarning, RankDiedError, SessionError
+from distnb.session import Session
 from distnb.session.joining import CONNECT_S
 from distnb.session.remote import REMOTE_LOST
 from tests.conftest import running
@@ -43,22 +44,29 @@ def gone_within(host: Host, seconds: float) -> bool:
     return engines_on(host) == 0
 
 
+def lose_rank_1(s: Session, host: Host, fault: str) -> None:
+    """Rank 1 (on `host`) killed, or `host` cut off, while rank 0 waits for it mid-cell: named,
+    with its host, within `NAMED_S`."""
+    victim = s.ranks[1].pid
+    started = time.monotonic()
+    if fault == "killed":
+        thread = fault_in(1.0, lambda: host.ssh(f"kill -9 {victim}"))
+    else:
+        thread = fault_in(1.0, lambda: host.link(up=False))
+    said = rf"rank 1 \(pid {victim} on {host.name}\) left the cluster"
+    with pytest.raises(RankDiedError, match=said):
+        s.run(WAITS)
+    thread.join()
+    assert time.monotonic() - started < NAMED_S
+    assert s.status().states == ("alive", REMOTE_LOST)
+
+
 @pytest.mark.parametrize("fault", ["killed", "cut off"])
 def test_a_rank_lost_on_another_host_mid_cell_is_named_with_its_host(lan: Lan, fault: str) -> None:
     h2, h3 = lan.hosts
     s = start_on(lan, {h2.addr: 1, h3.addr: 1})
-    victim = s.ranks[1].pid
     try:
-        started = time.monotonic()
-        if fault == "killed":
-            thread = fault_in(1.0, lambda: h3.ssh(f"kill -9 {victim}"))
-        else:
-            thread = fault_in(1.0, lambda: h3.link(up=False))
-        with pytest.raises(RankDiedError, match=rf"rank 1 \(pid {victim} on h3\) left the cluster"):
-            s.run(WAITS)
-        thread.join()
-        assert time.monotonic() - started < NAMED_S
-        assert s.status().states == ("alive", REMOTE_LOST)
+        lose_rank_1(s, h3, fault)
         if fault == "killed":
             s.stop()
         else:
