@@ -119,18 +119,19 @@ def waiting(engine_sets: list[Any]) -> str:
                 f"Slurm job {job} {'ended' if not state else state.lower()} before every engine "
                 "registered" + (f"; its output ({log}):\n{output}" if output else "")
             )
-        if state != "RUNNING":
+        if state != "RUNNING":  # pending, configuring, or not known for now
             why = f" ({reason})" if reason and reason != "None" else ""
             return f"Slurm job {job} is {state.lower()}{why}"
     return ""
 
 
 def _state(job: str) -> str:
-    """`PENDING Resources`, `RUNNING None`, ...; "" for a job Slurm no longer lists."""
+    """`PENDING Resources`, `RUNNING None`, ...; "" for a job Slurm no longer lists, `UNKNOWN
+    ...` while squeue does not answer (the job may be fine)."""
     try:
         return _run(["squeue", "-h", "-j", job, "-o", "%T %r"]).strip()
-    except RuntimeError:
-        return ""  # squeue refuses the id of a job it has forgotten
+    except RuntimeError as exc:
+        return "" if "Invalid job id" in str(exc) else f"UNKNOWN {exc}"
 
 
 def _tail(path: str, lines: int = 15) -> str:

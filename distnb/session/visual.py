@@ -298,14 +298,13 @@ class VisualDebugger:
         whose loopback it listens on, relayed through the control plane."""
         if info.host == socket.gethostname():
             return socket.create_connection((host, port), timeout=10)
-        from distnb.rank.debug.relay import Relay
-        from distnb.rank.debug.visual import relay
+        from distnb.rank.debug.relay import Relay, connect_adapter
 
         assert self.control is not None
         channel = f"{info.rank}-{secrets.token_hex(4)}"
         ours, theirs = socket.socketpair()
         Relay(theirs, channel, "rank", (self.control.client(), self.control.client()))
-        view.apply_sync(relay, channel)
+        view.apply_sync(connect_adapter, channel)
         return ours
 
     def _connect(self, rank: int, sock: socket.socket, not_mine: list[str]) -> None:

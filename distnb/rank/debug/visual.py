@@ -20,7 +20,7 @@ from typing import Any
 
 from distnb import keys
 
-__all__ = ["connected", "listen", "name_cell", "relay", "stop_here"]
+__all__ = ["connected", "listen", "name_cell", "stop_here"]
 
 _address: tuple[str, int] | None = None
 
@@ -39,20 +39,6 @@ def listen() -> tuple[str, int, list[str]]:
         host, port = debugpy.listen(("127.0.0.1", 0))
         _address = (str(host), int(port))
     return (*_address, _folders())
-
-
-def relay(channel: str) -> None:
-    """Connect this rank's adapter to the kernel through the control plane, on `channel`
-    (the kernel is on another host: `distnb.rank.debug.relay`)."""
-    import socket
-
-    from distnb.rank.debug.relay import Relay
-    from distnb.rank.runtime import control_client
-
-    assert _address is not None, "listen() first"
-    sock = socket.create_connection(_address, timeout=10)
-    sock.settimeout(None)
-    Relay(sock, channel, "kernel", (control_client(), control_client()))
 
 
 def _folders() -> list[str]:
