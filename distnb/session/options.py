@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from distnb.errors import ConfigError
+from distnb.errors import ConfigError, DistnbWarning
 from distnb.session import slurm
 from distnb.session.control import is_loopback
 from distnb.session.remote import SSH_OPTIONS
@@ -92,6 +93,14 @@ class Options:
         its tasks; a control plane the nodes can reach."""
         if self.slurm and self.engines != "slurm":
             raise ConfigError("--slurm passes options to sbatch or srun: add --engines slurm")
+        if self.engines == "local" and slurm.allocation() and not os.environ.get("SLURMD_NODENAME"):
+            warnings.warn(  # `salloc` on a login node: its shell runs here, not on the nodes
+                f"this kernel runs inside Slurm allocation {slurm.allocation()} but not on its "
+                f"nodes ({os.environ.get('SLURM_JOB_NODELIST', '?')}): these ranks start on this "
+                "machine; --engines slurm --host ADDRESS starts them on the allocation's nodes",
+                DistnbWarning,
+                stacklevel=6,
+            )
         if self.engines != "slurm":
             return self
         n = self.n

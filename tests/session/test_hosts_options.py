@@ -3,6 +3,7 @@ what to write instead (tests/multihost starts ranks on a rehearsal host)."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import distnb
-from distnb.errors import ConfigError
+from distnb.errors import ConfigError, DistnbWarning
 from distnb.magics import DistMagics
 from distnb.session.options import Options
 from distnb.session.slurm import parse_args
@@ -56,3 +57,18 @@ def test_slurm_options_reach_the_launcher_as_typed(monkeypatch: pytest.MonkeyPat
     assert inside.n == 8
     assert inside.launcher_settings()["mpi_cmd"] == ["srun"]
     assert inside.launcher_settings()["mpi_args"] == ["--overlap"]
+
+
+def test_local_ranks_from_an_allocations_login_shell_are_questioned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`salloc` then Jupyter on the login node: local ranks would run there, not on the nodes."""
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[1-2]")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    with pytest.warns(DistnbWarning, match=r"allocation 12 but not on its nodes \(gpu\[1-2\]\)"):
+        Options(n=2).validated()
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu1")  # a kernel on a node of it: its own GPUs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Options(n=2).validated()
