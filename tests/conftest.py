@@ -41,6 +41,10 @@ PRIVATE_ENV = {
     "TRITON_CACHE_DIR": str(PRIVATE_DIRS / "triton"),
 }
 os.environ.update(PRIVATE_ENV)
+# A Slurm allocation the run happens to be inside (tests run in a job, or from salloc's shell)
+# must not change what a start does; tests/multihost makes allocations of its own.
+for _name in [k for k in os.environ if k.startswith("SLURM") and k != "SLURM_CONF"]:
+    del os.environ[_name]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
