@@ -22,6 +22,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 from tests.multihost.hosts import Host, Lan
 
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scancel")
@@ -125,8 +127,10 @@ class Slurm:
         """End the daemons (the hosts stay, for other tests) and munged; remove the folder."""
         for host in self.hosts:
             host.ssh("pkill -9 -f 'slurm(ctld|d|stepd|scriptd)'")
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(self._munged.read_text()), signal.SIGTERM)
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            munged = psutil.Process(int(self._munged.read_text()))
+            munged.send_signal(signal.SIGTERM)
+            munged.wait(10)  # it writes its seed file as it ends
         shutil.rmtree(self.shared, ignore_errors=True)
 
 
