@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,10 +64,11 @@ def raw_start(lan: Lan, engines: str = "ssh") -> float:
 
     started = time.perf_counter()
     n = RANKS_PER_HOST * len(lan.hosts)
+    # where the nodes see it, for Slurm's engines (a shared home)
+    profile = tempfile.mkdtemp(prefix="bench-ipp-", dir=get_ipython_dir())
     cluster = ipp.Cluster(
         n=n,
-        # where the nodes see it, for Slurm's engines (a shared home)
-        profile_dir=tempfile.mkdtemp(prefix="bench-ipp-", dir=get_ipython_dir()),
+        profile_dir=profile,
         controller_ip=lan.kernel_addr,
         engines=engines,
         log_level=40,
@@ -98,6 +100,7 @@ def raw_start(lan: Lan, engines: str = "ssh") -> float:
         return time.perf_counter() - started
     finally:
         cluster.stop_cluster_sync()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def cost(session: distnb.Session, rounds: int, iters: int) -> dict[str, list[float]]:
