@@ -74,7 +74,11 @@ def raw_start(lan: Lan, engines: str = "ssh") -> float:
         log_level=40,
     )
     store = dist.TCPStore(lan.kernel_addr, 0, is_master=True, wait_for_workers=False)
-    launcher: dict[str, object] = {"submit_command": ["sbatch", *SBATCH]}
+    launcher: dict[str, object] = {
+        "submit_command": ["sbatch", *SBATCH],
+        # ipyparallel writes its batch script in the working folder unless given a path
+        "batch_file_name": os.path.join(profile, "slurm_engine.sbatch"),
+    }
     if engines == "ssh":
         launcher = {
             "engines": {h.addr: RANKS_PER_HOST for h in lan.hosts},

@@ -12,6 +12,7 @@ Terms, defined once for the whole package:
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from enum import Enum
 
@@ -28,6 +29,11 @@ class RankInfo:
     device: str
     backend: str
     address: str = ""  # where the rank reaches the control plane from (its host's address)
+
+    @property
+    def here(self) -> bool:
+        """Whether the rank runs on the machine that asks (the kernel's, in a session)."""
+        return self.host == socket.gethostname()
 
 
 class RankState(str, Enum):

@@ -8,7 +8,6 @@ into an interrupt of the ranks. What ranks send back is translated by `distnb.se
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 import threading
 import time
@@ -336,7 +335,7 @@ class CellRun:
     def _how(self, info: RankInfo) -> str:
         """How a rank's process ended (on another host: that it left the cluster)."""
         code = self.cluster.exit_status(info.pid)
-        if code is None and info.host != socket.gethostname():
+        if code is None and not info.here:
             return REMOTE_LOST
         return ended_text(info.pid, code, self.oom)
 

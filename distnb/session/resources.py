@@ -7,7 +7,6 @@ named when the evidence says so (`distnb.session.oom`). A rank that does not ans
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +74,7 @@ def prepare(session: Session) -> None:
     widgets (tqdm.auto bars, ipywidgets) text, since nothing here can show them."""
     from distnb.rank import textmode
 
-    session.oom = OomWatch([r.pid for r in session.ranks if r.host == socket.gethostname()])
+    session.oom = OomWatch([r.pid for r in session.ranks if r.here])
     if not in_kernel():
         session.call(textmode.use_text_frontend)
 
@@ -84,7 +83,7 @@ def _state(session: Session, info: RankInfo) -> str:
     """`alive`, or how a local rank's process ended; a rank on another host is alive while its
     engine is in the cluster (the controller drops it when its nanny or heartbeat says so)."""
     assert session._cluster is not None
-    if info.host != socket.gethostname():
+    if not info.here:
         client = session._cluster.client
         return ALIVE if client is not None and info.engine_id in client.ids else REMOTE_LOST
     if _running(info.pid):

@@ -296,7 +296,7 @@ class VisualDebugger:
     def _socket(self, info: RankInfo, view: Any, host: str, port: int) -> socket.socket:
         """A connection to a rank's adapter: straight to it on this machine; on another host,
         whose loopback it listens on, relayed through the control plane."""
-        if info.host == socket.gethostname():
+        if info.here:
             return socket.create_connection((host, port), timeout=10)
         from distnb.rank.debug.relay import Relay, connect_adapter
 
