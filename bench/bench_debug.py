@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from median_ci import ratio_of_medians
 
 import distnb
-from distnb.session.debug import Desk
+from distnb.session.debugger.desk import Desk
 
 WORKLOADS = {
     "empty cell": "",

@@ -63,7 +63,7 @@ from median_ci import median_ci, ratio_of_medians
 import distnb
 from distnb.errors import CollectiveDesyncError, RankDiedError, RankTimeoutError, SessionError
 from distnb.reaper import MARK_VAR, marked
-from distnb.session.watch import Role
+from distnb.session.cluster.members import Role
 
 WAITS = "import time\nx = torch.ones(1)\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(x)\n"
 LOOP = (
@@ -146,9 +146,9 @@ class Bench:
         assert self.s.call(os.getpid) == [r.pid for r in self.s.ranks]
 
     def note(self) -> None:
-        assert self.s._cluster is not None
+        assert self.s.cluster is not None
         self.pids.update(self.s.pids())
-        self.marks.add(self.s._cluster.mark)
+        self.marks.add(self.s.cluster.mark)
 
     def restart(self) -> None:
         self.s.restart()
@@ -156,15 +156,15 @@ class Bench:
         self.note()
 
     def pid(self, role: Role) -> int:
-        assert self.s._cluster is not None
+        assert self.s.cluster is not None
         if role is Role.ENGINE:
             return self.s.ranks[1].pid
-        (member,) = [m for m in self.s._cluster.members() if m.role is role]
+        (member,) = [m for m in self.s.cluster.members if m.role is role]
         return member.pid
 
     def waiting(self, rank: int) -> Callable[[], bool]:
         """True once `rank` waits at a checked collective in the next run (its beacon)."""
-        run_id, control = self.s.runs + 1, self.s._control
+        run_id, control = self.s.runs + 1, self.s.control
         assert control is not None
         return lambda: any(b.waiting and b.run_id == run_id for b in control.beacons([rank]))
 

@@ -104,7 +104,7 @@ def cell_times(session: distnb.Session, rounds: int) -> dict[str, list[float]]:
     """kind -> its empty cell's time in each round (s). A round runs one cell of each kind, the
     order rotated round by round, so drift on a busy machine hits all kinds alike and each
     kind's time pairs with the others' from the same round."""
-    view = session._cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
+    view = session.cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
 
     def raw_with_output() -> None:
         ar = view.execute("", block=False)

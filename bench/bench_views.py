@@ -94,7 +94,7 @@ def bench_shapes(repeat: int) -> list[tuple[str, float, float | None]]:
     import torch
     from torch import nn
 
-    from distnb.rank.inspect import scan_namespace
+    from distnb.rank.scan import scan_namespace
     from distnb.views.shape_table import build_table
     from distnb.views.shapes import ShapeTableView
 

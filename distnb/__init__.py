@@ -20,7 +20,7 @@ if _typing.TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from distnb.records.replicas import ReplicaReport
-    from distnb.session import Session
+    from distnb.session import Session, start
 
 __all__ = [
     "Session",
@@ -31,64 +31,6 @@ __all__ = [
     "unchecked",
 ]
 __version__ = "0.1.0"
-
-
-def start(
-    n: int | None = None,
-    *,
-    backend: str = "auto",
-    timeout: float | None = None,
-    engines: str = "local",
-    host: str = "127.0.0.1",
-    check: bool = True,
-    progress: bool = True,
-    register_timeout: float = 120.0,  # distnb.session.options.REGISTER_TIMEOUT_S
-    hosts: str | _typing.Mapping[str, int] | None = None,
-    python: str = "",
-    ssh_args: _typing.Sequence[str] = (),
-    slurm: str | _typing.Sequence[str] = (),
-) -> Session:
-    """Start `n` ranks and return the running `Session` (`%dist_start` calls this).
-
-    `n`: ranks (default: one per local GPU, else 2). `backend`: `"auto"` (NCCL when every rank
-    has a GPU of its own, else gloo), `"gloo"` or `"nccl"`. `timeout`: each cell's default
-    timeout in seconds (None: none). `engines`: the ipyparallel launcher (`"local"`, `"mpi"`,
-    `"slurm"`, `"ssh"`, ...). `host`: the address the control plane listens on (loopback by
-    default; name an interface for ranks on other machines). `check`: the checked-collective
-    runtime. `progress`: show start-up progress. `register_timeout`: seconds the engines get
-    to register (a launcher that fails says so at once; a batch queue may need longer).
-
-    Ranks on other machines, over ssh: `hosts` (`{"node1": 4, "node2": 4}` or
-    `"node1:4,node2:4"`; `n` is their sum), `host` this machine's address on the network they
-    share, `python` the interpreter on the hosts (default: this one's path, as on a shared
-    home), `ssh_args` for ssh and scp (`["-i", "~/.ssh/cluster"]`).
-
-    Ranks through Slurm: `engines="slurm"`, `host` as above, and `slurm` the options of the
-    command that starts them, as on a command line (`"--partition gpu --time 1:00:00 --account
-    proj"`): srun's inside an allocation (`salloc`, an `sbatch` script), where `n` defaults to
-    its tasks, and elsewhere sbatch's, which submits a job of `n` tasks.
-
-    >>> with distnb.start(2) as s:
-    ...     s.run("print(rank, world_size)")
-    [rank 0] 0 2
-    [rank 1] 1 2
-    """
-    from distnb.session import start as _start
-
-    return _start(
-        n,
-        backend=backend,
-        timeout=timeout,
-        engines=engines,
-        host=host,
-        check=check,
-        progress=progress,
-        register_timeout=register_timeout,
-        hosts=hosts,
-        python=python,
-        ssh_args=ssh_args,
-        slurm=slurm,
-    )
 
 
 def unchecked() -> AbstractContextManager[None]:
@@ -141,38 +83,25 @@ def diff_replicas(
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """`%load_ext distnb`: register the magics (loading twice is harmless)."""
-    from distnb.magics import DistMagics
+    from distnb.magics import register
 
-    if not any(isinstance(m, DistMagics) for m in ipython.magics_manager.registry.values()):
-        from distnb.session import visual
-        from distnb.session.postmortem import route_debugger
-
-        magics = DistMagics(ipython)
-        ipython.register_magics(magics)
-        route_debugger(ipython, lambda: magics.session)  # %debug and %pdb on reach a failed rank
-        visual.install(ipython)  # JupyterLab's debugger reaches the ranks of %%allranks cells
+    register(ipython)
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """`%unload_ext distnb`: stop the running session."""
-    from distnb.magics import DistMagics
+    from distnb.magics import unregister
 
-    for magics in ipython.magics_manager.registry.values():
-        if isinstance(magics, DistMagics):
-            from distnb.session import visual
-            from distnb.session.postmortem import unroute_debugger
-
-            unroute_debugger(ipython)
-            visual.uninstall()
-            if magics.session is not None:
-                magics.session.stop()
+    unregister(ipython)
 
 
 def __getattr__(name: str) -> object:
-    if name == "Session":
-        from distnb.session import Session
+    # `Session` and `start` live with the session, which imports what a session needs: they
+    # load when first used, so that `import distnb` stays cheap.
+    if name in ("Session", "start"):
+        from distnb import session
 
-        return Session
+        return getattr(session, name)
     raise AttributeError(f"module 'distnb' has no attribute {name!r}")
 
 

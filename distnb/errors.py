@@ -4,14 +4,15 @@
     ├── ConfigError (ValueError)     a bad argument; the message says the fix
     ├── SessionError                 no session, one already running, a cluster that failed to start
     ├── DebuggerQuit                 raised on a rank whose debugger the user quit (`q`, Ctrl-C)
-    └── RankError                    a cell failed on one or more ranks
-        ├── RankTimeoutError         the cell ran past its timeout; carries the hang report
-        ├── RankDiedError            a rank's process exited while running a cell
-        └── CollectiveError          the checked runtime stopped a collective before data moved
-            ├── CollectiveMismatchError   ranks called incompatible collectives
-            └── CollectiveDesyncError     a rank never arrived at a collective its peers wait at
-    └── OverflowStop                 the overflow tracer stopped a run as asked (`abort_after`)
-        └── NonFiniteError           a watched tensor went NaN/Inf under `stop_on_nonfinite`
+    ├── RankError                    a cell failed on one or more ranks
+    │   ├── RankTimeoutError         the cell ran past its timeout; carries the hang report
+    │   ├── RankDiedError            a rank's process exited while running a cell
+    │   └── CollectiveError          the checked runtime stopped a collective before data moved
+    │       ├── CollectiveMismatchError   ranks called incompatible collectives
+    │       └── CollectiveDesyncError     a rank never arrived at a collective its peers wait at
+    ├── OverflowStop                 the overflow tracer stopped a run as asked (`abort_after`)
+    │   └── NonFiniteError           a watched tensor went NaN/Inf under `stop_on_nonfinite`
+    └── ReplicasDivergedError        a replica watch with `--raise` saw replicas differ
 
     DistnbWarning (UserWarning)
 

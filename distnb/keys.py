@@ -10,8 +10,8 @@ Who writes what (values in brackets):
   rank makes the default group again after user code destroyed it (`process_group`), and
   `pg-here/<epoch>/<rank>` [`1`]: each rank, on arriving to make it (`group_arrival`).
 - `cell` [`encode_run`]: the kernel, before each run; every rank reads it when its cell starts.
-- `stackreq/<rank>/<n>`, `stack/<rank>/<n>` [text]: the kernel asks a rank's watchdog for its live
-  stack; the watchdog answers.
+- `stackreq/<rank>/<n>`, `stack/<rank>/<n>` [text]: the kernel asks a rank's stack server (a
+  thread) for its live stack; the stack server answers.
 - `check/beacon/<rank>` [`Beacon` JSON]: a rank, on long waits at a checked collective; read by
   the kernel (hang reports, the referee) and by the rank's peers (deadlocks).
 - `check/abort/<run id>` [the reason, text]: the kernel, to release ranks waiting at a

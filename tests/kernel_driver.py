@@ -1,8 +1,11 @@
-"""A real Jupyter kernel driven as a frontend drives it, answering its input requests.
+"""A real Jupyter kernel driven as a frontend drives it: the tests' one way to run its cells.
 
-nbclient cannot answer `input_request`s; `Frontend.run` can: it sends a cell with
-`allow_stdin=True`, reads iopub and the stdin channel together, and answers each prompt from a
-script of answers (or a function of the prompt), as a user types into the input box.
+- `execute(kc, code)`: run a cell and keep every iopub message it caused (streams, displays and
+  their updates, widgets' comm messages, errors) and its execute_reply, as a frontend gets them;
+- `Frontend.run`: the same as a user at the notebook does it, answering input requests.
+  nbclient cannot answer `input_request`s; `Frontend.run` sends a cell with `allow_stdin=True`,
+  reads iopub and the stdin channel together, and answers each prompt from a script of answers
+  (or a function of the prompt), as a user types into the input box.
 """
 
 from __future__ import annotations
@@ -18,6 +21,67 @@ from typing import Any
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 Answer = str | Callable[[str], str | None]  # None from a function: interrupt the kernel
+
+
+@dataclass
+class Executed:
+    """A cell's execute_reply (`reply`) and every iopub message it caused, in order
+    (`messages`: each message's content with its `type`)."""
+
+    reply: dict[str, Any]
+    messages: list[dict[str, Any]]
+
+    @property
+    def status(self) -> str:
+        return str(self.reply["status"])
+
+    @property
+    def text(self) -> str:
+        """What it printed, displayed (as text) and raised, without colour codes."""
+        parts = []
+        for m in self.messages:
+            if m["type"] == "stream":
+                parts.append(m["text"])
+            elif m["type"] == "error":
+                parts.append("\n".join(m["traceback"]))
+            elif "data" in m:
+                parts.append(m["data"].get("text/plain", ""))
+        return ANSI.sub("", "\n".join(parts))
+
+    def of_type(self, *kinds: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["type"] in kinds]
+
+
+def execute(kc: Any, code: str, timeout: float = 120) -> Executed:
+    """Run `code` in the kernel behind client `kc` (no input allowed) and wait until it is
+    idle again."""
+    msg_id = kc.execute(code)
+    messages = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        messages.append({"type": msg["msg_type"], **msg["content"]})
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return Executed(dict(reply["content"]), messages)
+
+
+@contextmanager
+def kernel(cwd: str | None = None) -> Iterator[tuple[Any, Any]]:
+    """A new python3 kernel: (its manager, a client with channels started); shut down after."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
+    try:
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
 
 
 @dataclass
@@ -124,12 +188,5 @@ class Frontend:
 
 @contextmanager
 def frontend(cwd: str | None = None) -> Iterator[Frontend]:
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
-    try:
+    with kernel(cwd) as (km, kc):
         yield Frontend(km, kc)
-    finally:
-        kc.stop_channels()
-        if km.is_alive():
-            km.shutdown_kernel(now=True)

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests import kernel_driver
 from tests.conftest import plain
+from tests.kernel_driver import execute
 
 pytestmark = pytest.mark.cluster
 
@@ -107,57 +109,32 @@ def test_terminal_ipython_progress_rank_widgets_and_auto_mode(terminal: Terminal
 
 @pytest.fixture
 def kernel() -> Iterator[Any]:
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3")
-    yield kc
-    kc.execute("%dist_stop")
-    kc.stop_channels()
-    km.shutdown_kernel(now=True)
-
-
-def execute(kc: Any, code: str, timeout: float = 120) -> tuple[str, list[dict[str, Any]]]:
-    """Run `code`; return the reply's status and every iopub message (type and content)."""
-    msg_id = kc.execute(code)
-    messages = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-        messages.append({"type": msg["msg_type"], **msg["content"]})
-    return kc.get_shell_msg(timeout=timeout)["content"]["status"], messages
-
-
-def text(messages: list[dict[str, Any]]) -> str:
-    parts = [m.get("text", "") or m.get("data", {}).get("text/plain", "") for m in messages]
-    return plain("\n".join(parts))
+    with kernel_driver.kernel() as (_, kc):
+        yield kc
+        execute(kc, "%dist_stop")
 
 
 def test_jupyter_kernel_progress_rank_widgets_and_auto_mode(kernel: Any) -> None:
-    status, messages = execute(kernel, "%load_ext distnb\n%dist_start -n 2")
-    assert status == "ok", text(messages)
-    bars = [m for m in messages if WIDGET in m.get("data", {})]
+    started = execute(kernel, "%load_ext distnb\n%dist_start -n 2")
+    assert started.status == "ok", started.text
+    bars = [m for m in started.messages if WIDGET in m.get("data", {})]
     assert bars, "start-up progress is a tqdm widget in Jupyter"
 
-    status, messages = execute(
+    ran = execute(
         kernel, "%%allranks\nfrom tqdm.auto import tqdm\nfor i in tqdm(range(3)):\n    pass"
     )
-    assert status == "ok"
-    opened = [m for m in messages if m["type"] == "comm_open"]
+    assert ran.status == "ok"
+    opened = ran.of_type("comm_open")
     assert len(opened) >= 2 and all(m["target_name"] == "jupyter.widget" for m in opened)
 
-    status, messages = execute(kernel, "%dist_auto on")
-    assert "auto mode on: every cell runs on ranks 0-1" in text(messages)
-    status, messages = execute(kernel, "y = rank + 1\nprint('auto', y)")
-    assert status == "ok"
-    assert "[auto: ranks 0-1]" in text(messages)
-    assert "[rank 0] auto 1" in text(messages) and "[rank 1] auto 2" in text(messages)
-    status, messages = execute(kernel, "%%local\nprint('kernel has y:', 'y' in globals())")
-    assert "kernel has y: False" in text(messages)
-    status, messages = execute(kernel, "raise KeyError(rank)")
-    assert status == "error", messages
-    status, messages = execute(kernel, "%dist_auto off")
-    status, messages = execute(kernel, "print('kernel', 40 + 2)")
-    assert text(messages).strip() == "kernel 42"
+    assert "auto mode on: every cell runs on ranks 0-1" in execute(kernel, "%dist_auto on").text
+    auto = execute(kernel, "y = rank + 1\nprint('auto', y)")
+    assert auto.status == "ok"
+    assert "[auto: ranks 0-1]" in auto.text
+    assert "[rank 0] auto 1" in auto.text and "[rank 1] auto 2" in auto.text
+    local = execute(kernel, "%%local\nprint('kernel has y:', 'y' in globals())")
+    assert "kernel has y: False" in local.text
+    failed = execute(kernel, "raise KeyError(rank)")
+    assert failed.status == "error", failed.messages
+    execute(kernel, "%dist_auto off")
+    assert execute(kernel, "print('kernel', 40 + 2)").text.strip() == "kernel 42"

@@ -3,12 +3,14 @@
 docs/architecture.md, "Layout", says what each package is for; this checks what it promises:
 
 - no import cycle between distnb's modules, counting imports inside functions (a lazy import is
-  still a dependency) and leaving out `if TYPE_CHECKING:` blocks;
+  still a dependency) and imports of a parent package (`import distnb` in a submodule runs
+  distnb's `__init__`), leaving out `if TYPE_CHECKING:` blocks; `from P import M` depends on the
+  module `P.M` where there is one, and on `P` otherwise;
 - only `rank/` (and its facade `distnb/overflow.py`) imports torch at module level (the kernel
   imports distnb cheaply; `keys`, `records`, `matching` stay pure); only `session/` (and the
   engine's entry point `rank/engine.py`) imports ipyparallel; only `views/` imports ipywidgets
   and matplotlib;
-- modules stay small.
+- modules stay well under `MAX_LINES`: one that grows becomes a subpackage.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "distnb"
-MAX_LINES = 450
+MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def is_type_checking(node: ast.If) -> bool:
@@ -45,8 +50,9 @@ def imports(path: Path) -> list[tuple[str, bool]]:
             if isinstance(child, ast.Import):
                 found.extend((alias.name, top) for alias in child.names)
             elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
-                found.append((child.module, top))
-                found.extend((f"{child.module}.{alias.name}", top) for alias in child.names)
+                for alias in child.names:
+                    full = f"{child.module}.{alias.name}"
+                    found.append((full if full in MODULES else child.module, top))
             inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             visit(child, top and not inner)
 
@@ -54,16 +60,11 @@ def imports(path: Path) -> list[tuple[str, bool]]:
     return found
 
 
-MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
 def graph() -> dict[str, set[str]]:
-    edges: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
-        targets = {target for target, _ in imports(path) if target in MODULES}
-        # importing a submodule runs its package's __init__, but that is not a cycle of ours
-        edges[name] = {t for t in targets if t != name and not name.startswith(t + ".")}
-    return edges
+    return {
+        name: {t for t, _ in imports(path) if t in MODULES and t != name}
+        for name, path in MODULES.items()
+    }
 
 
 def test_no_import_cycles() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PRIVATE_DIRS, PRIVATE_ENV
-from tests.test_kernel import execute, text_of
+from tests.kernel_driver import execute
 
 
 def sessions(history: Path) -> int:
@@ -57,8 +57,8 @@ def test_a_kernel_with_ranks_writes_nothing_under_home(
             "%dist_status",
             "%dist_stop",
         ):
-            status, outputs = execute(kc, code)
-            assert status == "ok", text_of(outputs)
+            ran = execute(kc, code)
+            assert ran.status == "ok", ran.text
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)

@@ -1,10 +1,12 @@
-"""The part of distnb that lives in each rank process.
+"""A rank's life as the kernel drives it: the functions the kernel calls on the engines.
 
 The kernel calls these functions on the engines through ipyparallel's `apply`:
 `probe()` before ranks are assigned, `init(spec)` to join the process group and fill the
-namespace, `shutdown()` before the engines stop. Between cells the engine's IPython runs the
-`pre_run_cell` hook below, which picks up the kernel's cell number from the control plane so
-that rank tracebacks and call sites say the same `In[N]` as the notebook.
+namespace, `shutdown()` before the engines stop; between cells it asks for what a rank holds
+(`scan`, `overflow_*`, `events`, `last_mismatch`, `clock_ns`). `init` binds the engine's IPython
+shell (`distnb.rank.shell`: the rank's names, the kernel's cell numbers, the hooks around each
+cell) and starts the thread that answers the kernel's requests for the rank's live stack
+(`distnb.rank.stacks`).
 """
 
 from __future__ import annotations
@@ -12,13 +14,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
-import threading
 import time
-import traceback
-from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,20 +25,15 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.errors import SessionError
-from distnb.rank import checked, debug
+from distnb.rank import checked, shell
 from distnb.rank.signed import SignedStore
+from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
 from distnb.rank.world import World
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 from distnb.records.collective import CollectiveEvent, Mismatch
 from distnb.records.overflow import RankOverflowReport
 from distnb.records.shapes import ShapeScan
-
-# `unchecked()` blocks opened for a cell run with checks off, closed when it ends.
-_cell_unchecked: list[AbstractContextManager[None]] = []
-
-# The engine's IPython shell; None when the runtime is used outside ipyparallel (tests, scripts).
-_shell: Any = None
 
 # Environment variables `init` set, with the values they had before (None: unset).
 _saved_env: dict[str, str | None] = {}
@@ -50,7 +44,7 @@ class _Runtime:
     spec: RankSpec
     store: dist.Store
     device: torch.device
-    watchdog: _Watchdog
+    stacks: StackServer
     world: World
     hooks: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -88,13 +82,13 @@ def init(spec: RankSpec) -> RankInfo:
     address = _post_endpoint(spec, store)
     world = World(spec, store, device)
     world.create()
-    watchdog = _Watchdog(spec)
-    _runtime = _Runtime(spec, store, device, watchdog, world)
+    stacks = StackServer(spec.rank, partial(connect, spec))
+    _runtime = _Runtime(spec, store, device, stacks, world)
     if spec.check:
         _install_checks(spec, store)
     world.hook()
-    _bind_shell(spec, device)
-    watchdog.start()
+    shell.bind(spec, device, world)
+    stacks.start()
     return RankInfo(
         rank=spec.rank,
         local_rank=spec.local_rank,
@@ -147,9 +141,9 @@ def _restore_environment() -> None:
 
 def scan(names: list[str] | None, include_all: bool) -> ShapeScan:
     """This rank's tensors and modules, as metadata (for shape tables)."""
-    from distnb.rank.inspect import scan_namespace
+    from distnb.rank.scan import scan_namespace
 
-    ns = _shell.user_ns if _shell is not None else {}
+    ns = shell.namespace()
     rank = _runtime.spec.rank if _runtime is not None else 0
     return scan_namespace(
         ns, names, include_all=include_all, rank=rank, device=str(current_device())
@@ -181,7 +175,7 @@ def overflow_reports() -> dict[str, RankOverflowReport]:
 
 def _lookup(path: str) -> Any:
     """`model` or `model.encoder` from the rank's namespace, or a NameError saying what is there."""
-    ns = _shell.user_ns if _shell is not None else {}
+    ns = shell.namespace()
     head, *rest = path.split(".")
     if head not in ns:
         raise NameError(f"this rank has no {head!r}; define it in an %%allranks cell first")
@@ -237,14 +231,14 @@ def connect(spec: RankSpec) -> dist.Store:
 
 
 def shutdown() -> None:
-    """Leave the process group and stop the watchdog; the engine stays usable."""
+    """Leave the process group and stop the stack server; the engine stays usable."""
     global _runtime
     if _runtime is None:
         return
-    _unbind_shell()
+    shell.unbind()
     World.unhook()
     _uninstall_checks()
-    _runtime.watchdog.stop(_runtime.store)
+    _runtime.stacks.stop(_runtime.store)
     _runtime.world.destroy()
     _restore_environment()
     _runtime = None
@@ -262,166 +256,3 @@ def _install_checks(spec: RankSpec, store: dist.Store) -> None:
 def _uninstall_checks() -> None:
     if checked.installed():
         checked.uninstall()
-
-
-def _bind_shell(spec: RankSpec, device: torch.device) -> None:
-    """Put the rank's names in the engine's namespace and hook its cells."""
-    global _shell
-    from IPython import get_ipython
-
-    _shell = get_ipython()
-    if _shell is None:
-        return
-    _shell.user_ns.update(
-        rank=spec.rank,
-        world_size=spec.world_size,
-        local_rank=spec.local_rank,
-        device=device,
-        torch=torch,
-        dist=dist,
-    )
-    if not isinstance(_shell.compile._filename_map, _CellNumbers):
-        _shell.compile._filename_map = _CellNumbers(_shell.compile._filename_map)
-    _shell.events.register("pre_run_cell", _pre_run_cell)
-    _shell.events.register("post_run_cell", _post_run_cell)
-    _keep_requests_after_errors(getattr(_shell, "kernel", None))
-    assert _runtime is not None
-    debug.install(_runtime.store, spec.rank, cell_of_file, _shell)
-
-
-def _keep_requests_after_errors(kernel: Any) -> None:
-    """Make the engine run every cell it is sent, even right after a failed one.
-
-    ipykernel drops the requests queued behind a cell that raised (`stop_on_error`), and goes on
-    dropping until a callback of its own runs; the kernel's next cell can arrive in between and
-    is lost (ipyparallel reports `TaskAborted`). distnb's cells do not depend on each other, so
-    its engines treat every request as `stop_on_error=False`.
-    """
-    handlers = getattr(kernel, "shell_handlers", None)
-    if not handlers or getattr(handlers.get("execute_request"), "_distnb", False):
-        return
-    original = handlers["execute_request"]
-
-    async def execute_request(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-        parent["content"]["stop_on_error"] = False
-        await original(stream, ident, parent)
-
-    execute_request._distnb = True  # type: ignore[attr-defined]
-    handlers["execute_request"] = execute_request
-
-
-def _unbind_shell() -> None:
-    debug.uninstall()
-    if _shell is not None:
-        for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
-            with suppress(ValueError):
-                _shell.events.unregister(event, hook)
-
-
-def _pre_run_cell(info: Any) -> None:
-    """Number this cell as the kernel numbered it, before IPython compiles it."""
-    if _runtime is None:
-        return
-    _runtime.world.restore()  # in case making it again failed at the end of the last cell
-    # The session sets RUN before it makes ranks, so this get never waits.
-    cell, run_id, check, stdin, everyone = keys.decode_run(_runtime.store.get(keys.RUN))
-    # IPython has already taken this cell's number (and counted on by one) when this hook
-    # runs; it compiles the cell right after, under the number taken.
-    _shell.compile._filename_map.renumber[_shell.execution_count - 1] = cell
-    checked.begin_run(run_id, cell_of_file)
-    debug.begin_run(run_id, stdin, everyone)
-    if not check:  # %%allranks --unchecked: this cell only, on every rank alike
-        _cell_unchecked.append(checked.unchecked())
-        _cell_unchecked[-1].__enter__()
-
-
-def _post_run_cell(result: Any) -> None:
-    debug.end_run(result.error_in_exec)
-    while _cell_unchecked:
-        _cell_unchecked.pop().__exit__(None, None, None)
-    if _runtime is not None:
-        _runtime.world.restore()  # the cell's code destroyed the process group
-
-
-class _CellNumbers(dict[str, int]):
-    """IPython's map of cell filenames to cell numbers (`compile._filename_map`), storing the
-    kernel's number instead of the engine's, so that tracebacks say `Cell In[7]` for the
-    notebook's cell 7 (the engine counts only the cells it ran)."""
-
-    def __init__(self, existing: dict[str, int]) -> None:
-        super().__init__(existing)
-        self.renumber: dict[int, int] = {}
-
-    def __setitem__(self, filename: str, number: int) -> None:
-        super().__setitem__(filename, self.renumber.pop(number, number))
-
-
-def cell_of_file(filename: str) -> int | None:
-    """The cell number IPython compiled `filename` for, or None for real files."""
-    if _shell is None:
-        return None
-    number = _shell.compile._filename_map.get(filename)
-    return int(number) if number is not None else None
-
-
-def main_stack() -> str:
-    """The main thread's Python stack from the cell down, the innermost cell line first."""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    if frame is None:
-        return "(no main thread)"
-    entries = list(traceback.extract_stack(frame))
-    cells = [i for i, e in enumerate(entries) if cell_of_file(e.filename) is not None]
-    lines = []
-    if cells:
-        inner = entries[cells[-1]]
-        lines.append(
-            f"at cell In[{cell_of_file(inner.filename)}] line {inner.lineno}: "
-            f"{(inner.line or '').strip()}"
-        )
-        # Frames below the cell are ipyparallel's and IPython's machinery.
-        entries = entries[cells[0] :]
-    lines.append("Stack (most recent call last):")
-    package = os.path.dirname(os.path.dirname(__file__))
-    # distnb's own frames (a checked collective waiting for peers) say nothing to the user.
-    entries = [e for e in entries if not e.filename.startswith(package)]
-    for entry in entries:
-        cell = cell_of_file(entry.filename)
-        where = f"In[{cell}]" if cell is not None else entry.filename
-        lines.append(f'  File "{where}", line {entry.lineno}, in {entry.name}')
-        if entry.line:
-            lines.append(f"    {entry.line.strip()}")
-    return "\n".join(lines)
-
-
-class _Watchdog:
-    """Answers the kernel's stack requests while the main thread is busy or blocked.
-
-    It has its own store connection: a TCPStore client serialises its calls, and the main
-    thread's client may be in use by a collective check when the kernel asks. It blocks in
-    `wait` (which releases the GIL) rather than polling, so an idle rank costs nothing.
-    """
-
-    STOP = "stop"
-
-    def __init__(self, spec: RankSpec) -> None:
-        self._spec = spec
-        self._next = 0
-        self._thread = threading.Thread(target=self._serve, name="distnb-watchdog", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, store: dist.Store) -> None:
-        store.set(keys.stack_request(self._spec.rank, self._next), self.STOP)
-        self._thread.join(timeout=1.0)
-
-    def _serve(self) -> None:
-        store = connect(self._spec)
-        rank = self._spec.rank
-        while True:
-            request = keys.stack_request(rank, self._next)
-            store.wait([request], timedelta(days=365))
-            if store.get(request) == self.STOP.encode():
-                return
-            store.set(keys.stack_reply(rank, self._next), main_stack())
-            self._next += 1

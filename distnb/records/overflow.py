@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from distnb.errors import ConfigError
 from distnb.ranklist import format_ranks
 from distnb.records.codec import Record
 
@@ -122,11 +121,12 @@ class WatchOptions(Record):
 
     @classmethod
     def of(cls, **options: Any) -> WatchOptions:
-        """Validated options from keyword arguments; an unknown name is a `ConfigError`."""
+        """Validated options from keyword arguments; a bad or unknown one is a `ValueError`
+        naming it (callers raise it as `ConfigError`)."""
         unknown = sorted(set(options) - set(cls.__dataclass_fields__))
         if unknown:
             known = ", ".join(cls.__dataclass_fields__)
-            raise ConfigError(f"unknown overflow option(s) {', '.join(unknown)}; known: {known}")
+            raise ValueError(f"unknown overflow option(s) {', '.join(unknown)}; known: {known}")
         return cls(**options).validated()
 
     def validated(self) -> WatchOptions:
@@ -134,19 +134,19 @@ class WatchOptions(Record):
         asked = _items(self.phases, "phases")
         known = {p.value for p in Phase}
         if not asked or any(p not in known for p in asked):
-            raise ConfigError(f"phases must be some of {_values(Phase)}; got {asked!r}")
+            raise ValueError(f"phases must be some of {_values(Phase)}; got {asked!r}")
         _whole(self.frames, "frames", 1)
         steps = {_whole(s, "trace_batches", 0) for s in _items(self.trace_batches, "trace_batches")}
         for name in ("abort_after", "rank"):
             if getattr(self, name) is not None:
                 _whole(getattr(self, name), name, 0)
         if not isinstance(self.stop_on_nonfinite, bool):
-            raise ConfigError(
+            raise ValueError(
                 f"stop_on_nonfinite must be True or False; got {self.stop_on_nonfinite!r}"
             )
         bits = self.headroom_warn_bits
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not bits >= 0:
-            raise ConfigError(f"headroom_warn_bits must be a number >= 0; got {bits!r}")
+            raise ValueError(f"headroom_warn_bits must be a number >= 0; got {bits!r}")
         return replace(
             self,
             phases=tuple(p for p in Phase if p in asked),
@@ -165,18 +165,18 @@ def _member(enum: type[Any], value: object, name: str) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise ConfigError(f"{name} must be one of {_values(enum)}; got {value!r}") from None
+        raise ValueError(f"{name} must be one of {_values(enum)}; got {value!r}") from None
 
 
 def _items(value: object, name: str) -> tuple[object, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ConfigError(f"{name} must be a list; got {value!r}")
+        raise ValueError(f"{name} must be a list; got {value!r}")
     return tuple(value)
 
 
 def _whole(value: object, name: str, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{name} must be a whole number >= {least}; got {value!r}")
+        raise ValueError(f"{name} must be a whole number >= {least}; got {value!r}")
     return value
 
 

@@ -1,6 +1,6 @@
 """Records of what tensors and modules a rank holds: the input of the per-rank shape table.
 
-A rank scans its namespace (`distnb.rank.inspect.scan_namespace`) and sends back one `ShapeScan`:
+A rank scans its namespace (`distnb.rank.scan.scan_namespace`) and sends back one `ShapeScan`:
 metadata only (shape, dtype, device, gradient flags, whether any value is NaN/Inf), never tensor
 data. The kernel lines the scans up by name (`distnb.views.shape_table.build_table`).
 

@@ -1,390 +1,27 @@
-"""A session: a cluster of ranks, the control plane, and cells run on them.
+"""The kernel's side of distnb: a session of ranks, in rooms by concern.
 
-with distnb.start(n=2) as s:          # %dist_start -n 2
-    s.run("print(rank)")              # %%allranks
-    s.status()                        # %dist_status
-                                      # %dist_stop on leaving the block
+- `start` (here): the one way a session begins (`distnb.start`, `%dist_start`);
+- `core`: the `Session` (start, stop, runs, calls on ranks); its method modules beside it:
+  `status` (`%dist_status`), `data` (pull, push), `inspection` (shapes, overflow, timelines),
+  `replicas` (`%dist_diff`), `automode` (`%dist_auto`);
+- `options`: how a session starts, parsed once; `control`: the control plane (a TCPStore the
+  kernel hosts); `joining`: engines becoming ranks of one process group; `clocks`: ranks' clocks;
+- `cluster/`: the processes and launchers (engine kinds: local, MPI, ssh, Slurm), what died
+  and how;
+- `runs/`: one cell or script on the ranks: its request, the wait loop, the referee that
+  releases waiting ranks, deadlocks, failures;
+- `debugger/`: the debugger's kernel side: the text desk, the DAP relay of JupyterLab's visual
+  debugger, post-mortem.
 """
 
 from __future__ import annotations
 
-import atexit
-import weakref
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
 
-from distnb.errors import ConfigError, RankError, SessionError
-from distnb.ranklist import format_ranks
-from distnb.records.cell import RankFailure, RankInfo
-from distnb.records.collective import Mismatch
-from distnb.session import automode, data, inspect, replicas, resources
-from distnb.session import failures as failing
-from distnb.session.cells import CellRequest, CellResult, CellRun, Referee, assigned_names
-from distnb.session.cluster import Cluster
-from distnb.session.control import ControlPlane
-from distnb.session.joining import join
-from distnb.session.options import REGISTER_TIMEOUT_S, Options, check_timeout, engine_env
-from distnb.session.referee import DesyncReferee, skipped_call
-from distnb.session.watch import boards_pattern, loss_reason
-from distnb.views.status import Progress, Status
+from distnb.session.core import Session
+from distnb.session.options import REGISTER_TIMEOUT_S, Options, engine_kind
 
-if TYPE_CHECKING:
-    from distnb.session.oom import OomWatch
-
-_live: weakref.WeakSet[Session] = weakref.WeakSet()
-
-
-class Session:
-    """Ranks on an ipyparallel cluster with `torch.distributed` initialised on each.
-
-    Create one with `distnb.start()`. Every magic is a thin shell over a method here.
-    """
-
-    def __init__(self, options: Options) -> None:
-        self.options = options.validated()
-        self.ranks: tuple[RankInfo, ...] = ()
-        self.referee: Referee = Referee()
-        self._cluster: Cluster | None = None
-        self._control: ControlPlane | None = None
-        self._broken = ""
-        self._runs = 0  # runs so far: the last one's run id
-        self.pdb = False  # open the debugger on the first failing rank when a run fails
-        self._failed: RankError | None = None  # the last run's error, while ranks keep it
-
-    # --- lifecycle -----------------------------------------------------------------------
-
-    def start(self) -> Session:
-        """Launch the engines, make them ranks and return this session, ready for `run`.
-
-        Raises `SessionError` (nothing left running) if the cluster cannot start, `ConfigError`
-        for options that cannot work here (e.g. `backend="nccl"` without a GPU per rank).
-        """
-        if self._cluster is not None:
-            raise SessionError("this session is already running; stop() or restart() it first")
-        opts = self.options
-        assert opts.n is not None
-        progress = Progress(opts.n, enabled=opts.progress)
-        try:
-            progress.show("starting engines", 0)
-            self._cluster = Cluster(
-                opts.n,
-                opts.engines,
-                opts.host,
-                engine_env(opts.n, opts.engines),
-                opts.launcher_settings(),
-            )
-            self._cluster.launch()
-            # The kernel imports torch for the control plane while the engines boot.
-            self._control = ControlPlane(opts.host)
-            self._cluster.remove_later(boards_pattern(self._control.session_id))
-            client = self._cluster.wait_registered(progress.show, opts.register_timeout)
-            self.ranks = join(self._cluster, self._control, client, opts, progress.show)
-            resources.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
-            self.referee = DesyncReferee(self._control)
-        except BaseException as exc:
-            progress.close()
-            self._teardown()
-            if isinstance(exc, (ConfigError, KeyboardInterrupt)):
-                raise
-            raise SessionError(
-                f"the cluster did not start: {exc}\nNothing is left running; fix the cause and "
-                "run %dist_start again (distnb doctor checks the set-up)."
-            ) from exc
-        progress.close()
-        self._broken = ""
-        _live.add(self)
-        return self
-
-    def stop(self) -> None:
-        """Stop every rank, the controller and the control plane; leave no process behind."""
-        self._teardown()
-        self.ranks, self._broken = (), ""  # a new cluster starts whole (start may run cells)
-        _live.discard(self)
-
-    def _teardown(self) -> None:
-        if self._cluster is not None:
-            self._cluster.stop()
-            self._cluster = None
-        if self._control is not None:
-            from distnb.rank.checked.exchange import cleanup
-
-            cleanup(self._control.session_id)  # shared-memory boards of crashed ranks
-            self._control.close()
-            self._control = None
-
-    def restart(self) -> Session:
-        """Stop, then start again with the same options (the fix after a rank died or hung)."""
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def running(self) -> bool:
-        """True from `start()` until `stop()`, even while a dead rank waits for `restart()`."""
-        return self._cluster is not None
-
-    def pids(self) -> list[int]:
-        """Every process this session started that is still alive."""
-        return self._cluster.pids() if self._cluster is not None else []
-
-    # --- cells ---------------------------------------------------------------------------
-
-    def status(self) -> Status:
-        """One row per rank (rank, host, pid, device, backend, memory, torch's intra-op threads,
-        CUDA memory, state), each rank's distributed environment, and what is wrong if anything.
-
-        >>> s.status()
-        rank  host  pid    device  backend  memory (peak)          intra-op threads  state
-        0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1                 alive
-        """
-        if not self.running:
-            return Status((), "distnb: no cluster running; start one with %dist_start")
-        self._notice_loss()
-        return resources.status(self)
-
-    oom: OomWatch | None = None  # set by `start`: tells an OOM kill from another SIGKILL
-    # what else a session does, in modules of their own
-    pull = data.pull
-    push = data.push
-    auto = automode.auto
-    shapes = inspect.shapes
-    overflow = inspect.overflow
-    overflow_detach = inspect.overflow_detach
-    overflow_report = inspect.overflow_report
-    timeline = inspect.timeline
-    diff = replicas.diff
-    diff_watch = replicas.diff_watch
-    diff_report = replicas.diff_report
-    diff_stop = replicas.diff_stop
-
-    def run(
-        self,
-        code: str,
-        ranks: list[int] | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        shapes: bool = False,
-        timeline: bool = False,
-    ) -> CellResult:
-        """Run `code` on every rank (or the listed ones); return each rank's output.
-
-        >>> r = s.run("x = torch.ones(2) * rank\ndist.all_reduce(x)\nx.sum().item()")
-        [rank 0] ...
-        >>> r.result(1)
-        '2.0'
-
-        While it runs, each rank's output is shown as it comes (labelled, in rank order).
-        Raises `RankError` (each rank's traceback on `err.failures`) if ranks raise; the checked
-        runtime's `CollectiveMismatchError` (with `err.mismatch`) and `CollectiveDesyncError`;
-        `RankTimeoutError` with a hang report past `timeout` seconds; `RankDiedError` if a rank's
-        process exits. `check=False` runs the cell without the checked-collective runtime;
-        `shapes=True` puts the shape table of the names the cell assigned on `result.views`,
-        `timeline=True` the cell's collective timeline.
-        """
-        self._require_running()
-        check_timeout(timeout)
-        targets = self._targets(ranks)
-        assert self._cluster is not None and self._control is not None
-        self._runs += 1
-        request = CellRequest(
-            cell=self._cell_number(),
-            run_id=self._runs,
-            code=code,
-            targets=tuple(targets),
-            check=check and self.options.check,
-            timeout=timeout if timeout is not None else self.options.timeout,
-            everyone=len(targets) == len(self.ranks),
-        )
-        result = self._execute(request)
-        views: list[Any] = []
-        if shapes:
-            views.append(self.shapes(assigned_names(code)))
-        if timeline:
-            views.append(self.timeline(cells=1))
-        return replace(result, views=tuple(views))
-
-    def run_script(
-        self,
-        path: str,
-        args: str | Sequence[str] = (),
-        timeout: float | None = None,
-        check: bool = True,
-    ) -> CellResult:
-        """Run the file at `path` as `__main__` on every rank, with `sys.argv = [path, *args]`,
-        as under `torchrun --nproc-per-node N`; output, checks, `timeout`, Ctrl-C and errors are
-        those of `run`, messages name the script (see `distnb.session.scripts`).
-
-        >>> s.run_script("train.py", "--lr 0.1")   # %dist_run train.py --lr 0.1
-        """
-        from distnb.session.scripts import script_request
-
-        self._require_running()
-        check_timeout(timeout)
-        assert self._cluster is not None and self._control is not None
-        timeout = timeout if timeout is not None else self.options.timeout
-        request = script_request(
-            path,
-            args,
-            self._cell_number(),
-            self._runs + 1,
-            tuple(self.ranks),
-            check and self.options.check,
-            timeout,
-        )
-        self._runs += 1
-        return self._execute(request)
-
-    def _execute(self, request: CellRequest) -> CellResult:
-        """Run a cell or a script; its ranks' failures raised as one error."""
-        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
-        self._failed = None
-        result = self._run(request)
-        if result.failures:
-            error = self._cell_error(request.where, result)
-            self._failed = error
-            if self.pdb and failing.debuggable(error.failures):
-                print(f"distnb: {error.message.splitlines()[0]}", flush=True)
-                self.debug()
-            raise error
-        return result
-
-    def debug(self, rank: int | None = None) -> None:
-        """Open the debugger at the failing frame of `rank` (default: the first rank that failed)
-        in the last run, with that frame's locals (`%dist_debug [RANK]`); `session.pdb = True`
-        (`%dist_pdb on`) does it on every failure. A rank keeps its traceback until its next cell.
-        """
-        from distnb.session.postmortem import post_mortem_request
-
-        self._require_running(notice=True)
-        request = post_mortem_request(self._failed, rank, self.ranks, self._cell_number())
-        self._runs += 1
-        result = self._run(replace(request, run_id=self._runs))
-        if result.failures:
-            raise failing.cell_error(request.where, result.failures)
-
-    def _run(self, request: CellRequest) -> CellResult:
-        """Send a run to its ranks and wait for it (output, prompts, timeouts, Ctrl-C)."""
-        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
-        assert self._cluster is not None and self._control is not None
-        run = CellRun(self._cluster, self._control, request, self.referee, self._on_death, self.oom)
-        return run.start().wait()
-
-    def debugs(self, error: BaseException | None) -> bool:
-        """Whether `debug()` can open `error`'s ranks (it is the last run's, and it failed)."""
-        return error is not None and error is self._failed and self.running
-
-    def _cell_error(self, where: str, result: CellResult) -> RankError:
-        """The run's one exception, with what can only be learnt now that every rank is idle:
-        the mismatch record, or which call a rank skipped."""
-        mismatch: Mismatch | None = None
-        skipped = ""
-        if failing.only_checked(result.failures):
-            kinds = {f.ename for f in result.failures}
-            if "CollectiveMismatchError" in kinds:
-                rank = min(f.rank for f in result.failures if f.ename == "CollectiveMismatchError")
-                mismatch = self._last_mismatch(rank)
-            else:
-                skipped = self._skipped_call(result.run_id)
-        return failing.cell_error(where, result.failures, mismatch, skipped)
-
-    def _skipped_call(self, run_id: int) -> str:
-        from distnb.rank import runtime
-
-        events = [e for per_rank in self.call(runtime.events, run_id) for e in per_rank]
-        waiting = self.referee.waiters.pop(run_id, [])
-        return skipped_call([e for e in events if e.run_id == run_id], waiting)
-
-    def _last_mismatch(self, rank: int) -> Mismatch | None:
-        from distnb.rank import runtime
-
-        found: list[Mismatch | None] = self.call(runtime.last_mismatch, ranks=[rank])
-        return found[0]
-
-    def call(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        ranks: list[int] | None = None,
-        timeout: float | None = 60.0,
-    ) -> list[Any]:
-        """Call `fn(*args)` on every rank (or the listed ones); return the results in rank order.
-
-        For distnb's own rank-side functions (records back, no output shown); `run` is for cells.
-
-        >>> s.call(os.getpid)
-        [13901, 13903]
-        """
-        self._require_running(notice=True)
-        targets = self._targets(ranks)
-        assert self._cluster is not None
-        pending = [self._cluster.view(t.engine_id).apply_async(fn, *args) for t in targets]
-        results: list[Any] = []
-        failures: list[RankFailure] = []
-        for info, ar in zip(targets, pending, strict=True):
-            try:
-                results.append(ar.get(timeout=timeout))
-            except Exception as exc:
-                failures.append(failing.to_failure(info.rank, exc))
-        if failures:
-            raise failing.call_error(getattr(fn, "__name__", "function"), failures)
-        return results
-
-    def _targets(self, ranks: list[int] | None) -> list[RankInfo]:
-        if ranks is None:
-            return list(self.ranks)
-        world = len(self.ranks)
-        bad = [r for r in ranks if not 0 <= r < world]
-        if bad or not ranks:
-            raise ConfigError(
-                f"ranks {bad or ranks} are not in this session, which has "
-                f"{format_ranks(range(world))}; e.g. --ranks 0,{world - 1}"
-            )
-        return [self.ranks[r] for r in sorted(set(ranks))]
-
-    @property
-    def runs(self) -> int:
-        """How many runs (cells, scripts) this session has made: the last one's run id."""
-        return self._runs
-
-    def _require_running(self, notice: bool = False) -> None:
-        """`notice`: look for processes lost since the last cell first (a cell's own watch
-        does that for cells, and names a dead rank as such)."""
-        if not self.running:
-            raise SessionError(
-                "no cluster is running: start one with %dist_start (or distnb.start())"
-            )
-        if notice:
-            self._notice_loss()
-        if self._broken:
-            raise SessionError(self._broken)
-
-    def _cell_number(self) -> int:
-        """The notebook's number for the running cell (the run id outside IPython)."""
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is None:
-            return self._runs
-        # While a cell runs, IPython has already counted on to the next number; the running
-        # cell's own number is on its result.
-        running = getattr(shell.displayhook, "exec_result", None)
-        return int(running.execution_count if running is not None else shell.execution_count)
-
-    def _notice_loss(self) -> None:
-        """A process of the cluster that died since we last looked breaks the session."""
-        gone = self._cluster.lost() if self._cluster is not None and not self._broken else None
-        if gone is not None and self._cluster is not None:
-            self._on_death(loss_reason(gone, self._cluster.how(gone), self.ranks))
-
-    def _on_death(self, reason: str) -> None:
-        """A process of the cluster died: `reason` says which, what it means and what to run."""
-        self._broken = reason
+__all__ = ["Session", "start"]
 
 
 def start(
@@ -402,23 +39,44 @@ def start(
     ssh_args: Sequence[str] = (),
     slurm: str | Sequence[str] = (),
 ) -> Session:
-    """Start `n` ranks (default: one per local GPU, else 2) and return the running session;
-    the options are `distnb.start`'s.
+    """Start `n` ranks and return the running `Session` (`%dist_start` calls this).
 
-    >>> with distnb.start(n=2) as s:
+    `n`: ranks (default: one per local GPU, else 2). `backend`: `"auto"` (NCCL when every rank
+    has a GPU of its own, else gloo), `"gloo"` or `"nccl"`. `timeout`: each cell's default
+    timeout in seconds (None: none). `engines`: the ipyparallel launcher (`"local"`, `"mpi"`,
+    `"slurm"`, `"ssh"`, ...). `host`: the address the control plane listens on (loopback by
+    default; name an interface for ranks on other machines). `check`: the checked-collective
+    runtime. `progress`: show start-up progress. `register_timeout`: seconds the engines get
+    to register (a launcher that fails says so at once; a batch queue may need longer).
+
+    Ranks on other machines, over ssh: `hosts` (`{"node1": 4, "node2": 4}` or
+    `"node1:4,node2:4"`; `n` is their sum), `host` this machine's address on the network they
+    share, `python` the interpreter on the hosts (default: this one's path, as on a shared
+    home), `ssh_args` for ssh and scp (`["-i", "~/.ssh/cluster"]`).
+
+    Ranks through Slurm: `engines="slurm"`, `host` as above, and `slurm` the options of the
+    command that starts them, as on a command line (`"--partition gpu --time 1:00:00 --account
+    proj"`): srun's inside an allocation (`salloc`, an `sbatch` script), where `n` defaults to
+    its tasks, and elsewhere sbatch's, which submits a job of `n` tasks.
+
+    Raises `ConfigError` for options that cannot work here, `SessionError` (nothing left
+    running) if the cluster cannot start.
+
+    >>> with distnb.start(2) as s:
     ...     s.run("print(rank, world_size)")
     [rank 0] 0 2
     [rank 1] 1 2
     """
-    from distnb.session.options import parse_hosts
-    from distnb.session.slurm import parse_args
-
-    away = (parse_hosts(hosts) if hosts else (), python, tuple(ssh_args), parse_args(slurm))
-    options = Options(n, backend, timeout, engines, host, check, progress, register_timeout, *away)
+    kind = engine_kind(
+        engines, n=n, backend=backend, host=host, hosts=hosts, python=python,
+        ssh_args=ssh_args, slurm=slurm,
+    )  # fmt: skip
+    options = Options(
+        n=kind.ranks(n, backend), engines=kind, backend=backend, timeout=timeout, host=host,
+        check=check, progress=progress, register_timeout=register_timeout,
+    )  # fmt: skip
     return Session(options).start()
 
 
-@atexit.register
-def _stop_all() -> None:
-    for session in list(_live):
-        session.stop()
+# Users meet them as `distnb.Session` and `distnb.start`.
+Session.__module__ = start.__module__ = "distnb"

@@ -2,8 +2,9 @@
 
 Like ipyparallel's `%autopx`, but through IPython's documented hook for rewriting input: an
 input transformer (`shell.input_transformers_cleanup`) turns each cell into `%%dist_auto` +
-the cell, so history, execution counts, tracebacks (`Cell In[7], line 1`, the cell's own line
-numbers) and Ctrl-C work as for any cell, in a Jupyter kernel and in terminal IPython alike.
+the cell (a cell magic the mode registers itself), so history, execution counts, tracebacks
+(`Cell In[7], line 1`, the cell's own line numbers) and Ctrl-C work as for any cell, in a
+Jupyter kernel and in terminal IPython alike.
 
 Cells that stay in the kernel (`route`): a cell starting with `%%local` (the line is dropped, so
 the cell is ordinary kernel code), any other cell magic (`%%allranks --ranks 0`, `%%time`),
@@ -20,13 +21,13 @@ import re
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from distnb.errors import SessionError
+from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
 from distnb.ranklist import format_ranks
 from distnb.session.options import check_timeout
 
 if TYPE_CHECKING:
-    from distnb.session import Session
-    from distnb.session.cells import CellResult
+    from distnb.session.core import Session
+    from distnb.session.runs.request import CellResult
 
 __all__ = ["AutoMode", "Route", "auto", "route"]
 
@@ -76,15 +77,19 @@ class AutoMode:
 
     @classmethod
     def of(cls, shell: Any) -> AutoMode:
-        """The shell's auto mode, installed (with distnb's magics) on first use."""
-        import distnb
-
+        """The shell's auto mode, installed on first use with the `%%dist_auto` cell magic that
+        the transformed cells call."""
         mode = cls.find(shell)
         if mode is None:
-            distnb.load_ipython_extension(shell)  # the transformed cells call %%dist_auto
             mode = cls(shell)
             shell.input_transformers_cleanup.append(mode)
+            shell.register_magic_function(mode.cell_magic, "cell", "dist_auto")
         return mode
+
+    def uninstall(self) -> None:
+        self.disable()
+        self.shell.input_transformers_cleanup.remove(self)
+        self.shell.magics_manager.magics["cell"].pop("dist_auto", None)
 
     @property
     def active(self) -> bool:
@@ -103,7 +108,7 @@ class AutoMode:
         self, session: Session, ranks: list[int] | None, timeout: float | None, check: bool
     ) -> None:
         self.session, self.ranks, self.timeout, self.check = session, ranks, timeout, check
-        self.label = format_ranks(t.rank for t in session._targets(ranks))
+        self.label = format_ranks(t.rank for t in session.targets(ranks))
         self._show_in_prompt()
         print(
             f"distnb: auto mode on: every cell runs on {self.label}, as with %%allranks. "
@@ -117,8 +122,29 @@ class AutoMode:
         if was:
             print("distnb: auto mode off: cells run in the kernel again.")
 
+    def cell_magic(self, line: str, cell: str) -> None:
+        """`%%dist_auto`, which the transformer writes: the cell on the mode's ranks, marked as
+        such in Jupyter, its views and a mismatch's table shown."""
+        from IPython.core.error import UsageError
+
+        from distnb.views.display import in_kernel, show
+        from distnb.views.mismatch import show_mismatch
+        from distnb.views.status import show_where
+
+        if in_kernel():
+            show_where(self.label if self.active else "all ranks")
+        try:
+            result = self.run(cell)
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+        except CollectiveMismatchError as err:
+            show_mismatch(err)
+            raise
+        for view in result.views:
+            show(view)
+
     def run(self, cell: str) -> CellResult:
-        """Run one cell on the mode's ranks (`%%dist_auto`, which the transformer writes)."""
+        """Run one cell on the mode's ranks."""
         session = self.session
         if session is None:
             raise SessionError("auto mode is off: turn it on with %dist_auto on")
@@ -172,7 +198,7 @@ def auto(
     if not on:
         mode.disable()
         return
-    session._require_running()
+    session.require_running()
     check_timeout(timeout)
-    session._targets(ranks)  # ConfigError for ranks not in the session
+    session.targets(ranks)  # ConfigError for ranks not in the session
     mode.enable(session, ranks, timeout, check)

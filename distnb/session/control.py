@@ -93,9 +93,9 @@ class ControlPlane:
         self.store.set(keys.abort(run_id), reason)
 
     def stacks(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
-        """Each rank's live main-thread stack, from its watchdog thread.
+        """Each rank's live main-thread stack, from its stack server thread.
 
-        A rank whose watchdog does not answer in `timeout` (its process is frozen, or holds the
+        A rank whose stack server does not answer in `timeout` (its process is frozen, or holds the
         GIL inside native code) is left out.
         """
         pending: dict[int, str] = {}
@@ -130,3 +130,11 @@ class ControlPlane:
 
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def boards_pattern(session_id: str) -> str:
+    """The files of a session's shared-memory boards (/dev/shm/distnb-...), which the reaper
+    removes if the kernel dies while a board has not been unlinked yet."""
+    from distnb.rank.checked.exchange import shm_path
+
+    return shm_path(session_id, "") + "*"

@@ -21,7 +21,7 @@ from distnb.records.transfer import Reason, Refusal
 from distnb.views._format import format_bytes
 
 if TYPE_CHECKING:
-    from distnb.session import Session
+    from distnb.session.core import Session
 
 __all__ = ["DEFAULT_LIMIT", "RESERVED", "parse_size", "pull", "push", "refusal_message"]
 
@@ -57,7 +57,7 @@ def pull(
         )
     limit = _check_limit(limit)
     answers = session.call(data.pull_value, name, limit, ranks=ranks)
-    by_rank = list(zip((info.rank for info in session._targets(ranks)), answers, strict=True))
+    by_rank = list(zip((info.rank for info in session.targets(ranks)), answers, strict=True))
     refused = [(rank, a) for rank, a in by_rank if isinstance(a, Refusal)]
     if refused:
         raise ConfigError(refusal_message(refused, limit))

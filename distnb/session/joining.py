@@ -1,4 +1,8 @@
-"""Ranks joining the process group, and a group whose ranks cannot reach each other, named.
+"""Engines becoming ranks: ranks assigned, a backend chosen, the process group joined, and a
+group whose ranks cannot reach each other named.
+
+Ranks follow the launcher's order when every engine has a rank of its launcher (mpiexec,
+srun), each its own, else they are grouped by host (`assign_ranks`, a pure function).
 
 Each rank posts where it listens (host, interface, address: `keys.endpoint`) just before it
 joins. Once every rank has posted, what is left is connecting: gloo's full mesh takes well
@@ -13,20 +17,73 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from distnb import keys
+from distnb.errors import ConfigError
 from distnb.ranklist import format_ranks
-from distnb.records.cell import RankInfo, RankSpec
+from distnb.records.cell import EngineProbe, RankInfo, RankSpec
 from distnb.session.control import ControlPlane
 from distnb.session.options import Options
-from distnb.session.ranks import assign_ranks, choose_backend
 
-__all__ = ["CONNECT_S", "JOIN_TIMEOUT_S", "join", "wait_joined"]
+__all__ = [
+    "CONNECT_S", "JOIN_TIMEOUT_S", "Placement", "assign_ranks", "choose_backend", "join",
+    "wait_joined",
+]  # fmt: skip
 
 CONNECT_S = {"gloo": 15.0, "nccl": 60.0}  # from the last rank's arrival at the group
 JOIN_TIMEOUT_S = 120.0  # for the ranks to arrive at all (their start, on a busy machine)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    probe: EngineProbe
+    rank: int
+    local_rank: int
+    local_world_size: int
+
+
+def assign_ranks(probes: Sequence[EngineProbe]) -> list[Placement]:
+    """Ranks 0..N-1: the launcher's order when every engine has a rank of its launcher (mpiexec,
+    srun), each its own, else grouped by host.
+
+    Grouping by host (hosts in order of their lowest engine id) makes `local_rank` the index
+    of a rank on its host, which is the CUDA device it uses.
+    """
+    launched = {p.mpi_rank for p in probes}
+    if None not in launched and len(launched) == len(probes):
+        ordered = sorted(probes, key=lambda p: p.mpi_rank or 0)
+    else:
+        first_seen: dict[str, int] = {}
+        for p in sorted(probes, key=lambda p: p.engine_id):
+            first_seen.setdefault(p.host, len(first_seen))
+        ordered = sorted(probes, key=lambda p: (first_seen[p.host], p.engine_id))
+    per_host: dict[str, int] = {}
+    counts = {p.host: sum(q.host == p.host for q in probes) for p in probes}
+    placements = []
+    for rank, p in enumerate(ordered):
+        local = per_host.get(p.host, 0)
+        per_host[p.host] = local + 1
+        placements.append(Placement(p, rank, local, counts[p.host]))
+    return placements
+
+
+def choose_backend(requested: str, placements: Sequence[Placement]) -> str:
+    """`auto` is NCCL when every rank has a CUDA device of its own, else gloo."""
+    short = [p for p in placements if p.probe.cuda_devices < p.local_world_size]
+    if requested == "gloo":
+        return "gloo"
+    if requested == "nccl":
+        if short:
+            p = short[0]
+            raise ConfigError(
+                f"--backend nccl needs one CUDA device per rank, but host {p.probe.host} runs "
+                f"{p.local_world_size} ranks and has {p.probe.cuda_devices} CUDA device(s). "
+                f"Use -n {p.probe.cuda_devices or 1} or --backend gloo."
+            )
+        return "nccl"
+    return "gloo" if short or not placements else "nccl"
 
 
 def join(
@@ -92,7 +149,7 @@ def wait_joined(
                 on_joined(len(results))
         if len(results) == len(pending):
             break
-        cluster.raise_if_lost()
+        cluster.raise_if_dead()
         now = time.monotonic()
         if not arrived and store.check(names):
             arrived = now

@@ -16,7 +16,7 @@ from distnb.ranklist import format_ranks
 from distnb.records.replicas import bad_options
 
 if TYPE_CHECKING:
-    from distnb.session import Session
+    from distnb.session.core import Session
     from distnb.views.replicas import ReplicaView, WatchView
 
 __all__ = ["diff", "diff_report", "diff_stop", "diff_watch"]

@@ -43,20 +43,18 @@ import psutil
 import pytest
 
 from tests.binder.limits import Limits, Unavailable, sweep
-from tests.notebooks.test_notebooks import (
+from tests.notebooks.runner import (
     ANSWERS,
     CHECKS,
     EXIT_WAIT_S,
     RAISES,
     assert_contains,
     cells_matching,
-    describe,
-    kill,
     notebook_paths,
     run_answering,
     run_nbclient,
-    still_running,
 )
+from tests.processes import describe, kill, still_running
 
 REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"

@@ -1,5 +1,5 @@
-"""The browser tests' fixtures (Chromium, a JupyterLab server, a page), shared by each module."""
+"""The browser tests' fixtures (Chromium, a JupyterLab server, a page): tests/browser/lab.py."""
 
-from tests.browser.test_jupyterlab import chromium, lab, page
+from tests.browser.lab import chromium, lab, page
 
 __all__ = ["chromium", "lab", "page"]

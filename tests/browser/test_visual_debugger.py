@@ -12,7 +12,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.browser.test_jupyterlab import (
+from tests.browser.lab import (
     ARTIFACTS,
     Lab,
     cell,

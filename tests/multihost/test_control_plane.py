@@ -31,17 +31,17 @@ def exposed(lan: Lan) -> Iterator[Session]:
 
 
 def stranger(lan: Lan, s: Session) -> dist.TCPStore:
-    assert s._control is not None
+    assert s.control is not None
     return dist.TCPStore(
-        lan.kernel_addr, s._control.port, is_master=False, timeout=datetime.timedelta(seconds=5)
+        lan.kernel_addr, s.control.port, is_master=False, timeout=datetime.timedelta(seconds=5)
     )
 
 
 def test_values_on_the_wire_are_signed(lan: Lan, exposed: Session) -> None:
-    assert exposed._control is not None and exposed._control.secret
+    assert exposed.control is not None and exposed.control.secret
     assert exposed.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(1) == "2.0"
     store = stranger(lan, exposed)
-    run_key = f"{exposed._control.session_id}/{keys.RUN}"
+    run_key = f"{exposed.control.session_id}/{keys.RUN}"
     raw = store.get(run_key)
     assert len(raw) > 16 and len(raw[16:].decode().split()) == 5  # a tag, then the plain value
 
@@ -49,9 +49,9 @@ def test_values_on_the_wire_are_signed(lan: Lan, exposed: Session) -> None:
 def test_forged_keys_crash_confuse_and_run_nothing(
     lan: Lan, exposed: Session, tmp_path: Path
 ) -> None:
-    assert exposed._control is not None
+    assert exposed.control is not None
     store = stranger(lan, exposed)
-    prefix = exposed._control.session_id
+    prefix = exposed.control.session_id
     pwned = tmp_path / "pwned"
     code = marshal.dumps(compile(f"open({str(pwned)!r}, 'w')", "x", "exec"))
     forged = [b"", b"F\xff\xff\xff\xff" + code, b"{" * 1000, b'{"state": "deadlock"}', code]

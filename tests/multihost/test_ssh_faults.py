@@ -14,8 +14,8 @@ import pytest
 
 from distnb.errors import DistnbWarning, RankDiedError, SessionError
 from distnb.session import Session
+from distnb.session.cluster.members import LEFT_CLUSTER
 from distnb.session.joining import CONNECT_S
-from distnb.session.remote import REMOTE_LOST
 from tests.conftest import running
 from tests.multihost.conftest import engines_on, start_on
 from tests.multihost.hosts import Host, Lan, missing
@@ -58,7 +58,7 @@ def lose_rank_1(s: Session, host: Host, fault: str) -> None:
         s.run(WAITS)
     thread.join()
     assert time.monotonic() - started < NAMED_S
-    assert s.status().states == ("alive", REMOTE_LOST)
+    assert s.status().states == ("alive", LEFT_CLUSTER)
 
 
 @pytest.mark.parametrize("fault", ["killed", "cut off"])

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from distnb.errors import ConfigError
 from distnb.records.overflow import (
     CrossRankSummary,
     Frame,
@@ -150,6 +149,6 @@ def test_watch_options_are_validated_once_into_enums() -> None:
 def test_bad_watch_options_name_the_option_the_range_and_the_value(
     options: dict[str, object], message: str
 ) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ValueError) as info:
         WatchOptions.of(**options)
     assert message in str(info.value)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distnb.session.oom import memory_cgroup
+from distnb.session.cluster.oom import memory_cgroup
 
 
 @pytest.fixture

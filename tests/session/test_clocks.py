@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from distnb.session import inspect
+from distnb.session import inspection
 from distnb.session.clocks import estimate_offsets, offset_from
 
 if TYPE_CHECKING:
@@ -25,4 +25,4 @@ def test_ranks_on_this_host_share_the_kernels_clock(session: Session) -> None:
     assert set(clocks.offsets_ns) == set(ranks)
     for offset in clocks.offsets_ns.values():
         assert abs(offset) <= clocks.precision_ns  # one monotonic clock: 0 within precision
-    assert inspect._clock_offsets(session) is None  # one host: none needed
+    assert inspection._clock_offsets(session) is None  # one host: none needed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.collective import CallSite
-from distnb.session.deadlock import cycle_reason, find_cycle
+from distnb.session.runs.deadlock import cycle_reason, find_cycle
 
 
 def waits(

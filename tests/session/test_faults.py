@@ -29,8 +29,10 @@ from distnb.errors import RankDiedError, RankTimeoutError, SessionError
 from distnb.session import Session
 from distnb.session import start as start_session
 from distnb.session.cluster import Cluster
+from distnb.session.cluster.engines import Local
+from distnb.session.cluster.members import Member, Members, Role
+from distnb.session.control import boards_pattern
 from distnb.session.options import REGISTER_TIMEOUT_S
-from distnb.session.watch import Member, Role, boards_pattern
 from tests.conftest import children_of_this_process, running
 
 pytestmark = pytest.mark.cluster
@@ -51,13 +53,13 @@ class Matrix:
         self.note()
 
     def note(self) -> None:
-        if self.s.running and self.s._control is not None:
+        if self.s.running and self.s.control is not None:
             self.pids.update(self.s.pids())
-            self.sessions.add(self.s._control.session_id)
+            self.sessions.add(self.s.control.session_id)
 
     def member(self, role: Role, rank: int = 1) -> Member:
-        assert self.s._cluster is not None
-        members = [m for m in self.s._cluster.members() if m.role is role]
+        assert self.s.cluster is not None
+        members = [m for m in self.s.cluster.members if m.role is role]
         if role is Role.ENGINE:
             return next(m for m in members if m.pid == self.s.ranks[rank].pid)
         if role is Role.NANNY:
@@ -93,8 +95,8 @@ def kill_at_cell_start(pid: int, sig: int = signal.SIGKILL) -> str:
 def when_waiting(s: Session, rank: int, action: Callable[[], None]) -> threading.Thread:
     """Run `action` once `rank` waits at a checked collective in the next cell (its beacon)."""
     run_id = s._runs + 1
-    assert s._control is not None
-    control = s._control
+    assert s.control is not None
+    control = s.control
 
     def watch() -> None:
         deadline = time.monotonic() + 30
@@ -260,8 +262,8 @@ def test_the_controller_killed_while_idle(matrix: Matrix) -> None:
 
 def test_a_killed_reaper_is_replaced_and_cells_go_on(matrix: Matrix) -> None:
     s = matrix.s
-    assert s._cluster is not None
-    reaper = s._cluster._reaper
+    assert s.cluster is not None
+    reaper = s.cluster._reaper
     os.kill(reaper.pid, signal.SIGKILL)  # idle
     deadline = time.monotonic() + 5
     while reaper.restarts < 1 and time.monotonic() < deadline:
@@ -284,8 +286,8 @@ def kill_when(monkeypatch: pytest.MonkeyPatch, method: str, role: Role) -> list[
 
     def patched(self: Cluster, *args: Any, **kwargs: Any) -> Any:
         if not killed:
-            self._track()
-            target = next(m for m in self.members() if m.role is role)
+            self.members.track()
+            target = next(m for m in self.members if m.role is role)
             os.kill(target.pid, signal.SIGKILL)
             killed.append(target.pid)
         return original(self, *args, **kwargs)
@@ -320,9 +322,9 @@ def test_processes_killed_during_stop_and_restart(
     matrix: Matrix, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = matrix.s
-    assert s._cluster is not None
+    assert s.cluster is not None
     victims = [matrix.member(Role.ENGINE, 0).pid, matrix.member(Role.CONTROLLER).pid]
-    victims.append(s._cluster._reaper.pid)
+    victims.append(s.cluster._reaper.pid)
     stop = Cluster.stop
 
     def dying_stop(self: Cluster, timeout: float = 2.0) -> list[int]:
@@ -356,10 +358,7 @@ def test_processes_killed_during_stop_and_restart(
 def test_a_launcher_that_cannot_start_engines_fails_fast(
     monkeypatch: pytest.MonkeyPatch, engine_cmd: list[str], said: str
 ) -> None:
-    original = Cluster._engine_kwargs
-    monkeypatch.setattr(
-        Cluster, "_engine_kwargs", lambda self: {**original(self), "engine_cmd": engine_cmd}
-    )
+    monkeypatch.setattr(Local, "launcher_settings", lambda self: {"engine_cmd": engine_cmd})
     before = set(children_of_this_process())
     started = time.monotonic()
     with pytest.raises(SessionError, match="did not start") as info:
@@ -388,19 +387,15 @@ runpy.run_module("distnb.rank.engine", run_name="__main__")
 def test_helpers_that_engines_start_and_end_while_booting_are_not_taken_for_dead_launchers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    original = Cluster._engine_kwargs
-    track = Cluster._track
-    monkeypatch.setattr(
-        Cluster,
-        "_engine_kwargs",
-        lambda self: {**original(self), "engine_cmd": [sys.executable, "-c", CHURN]},
-    )
+    track = Members.track
+    engine = [sys.executable, "-c", CHURN]
+    monkeypatch.setattr(Local, "launcher_settings", lambda self: {"engine_cmd": engine})
 
-    def track_often(self: Cluster) -> None:
+    def track_often(self: Members) -> None:
         for _ in range(50):  # many looks at a churning process tree, as a slow start makes
             track(self)
 
-    monkeypatch.setattr(Cluster, "_track", track_often)
+    monkeypatch.setattr(Members, "track", track_often)
     with start_session(2, progress=False) as s:
         result = s.run("rank")
         assert [result.result(r) for r in (0, 1)] == ["0", "1"]

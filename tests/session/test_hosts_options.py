@@ -4,7 +4,6 @@ what to write instead (tests/multihost starts ranks on a rehearsal host)."""
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
 
 import pytest
 from IPython.core.error import UsageError
@@ -13,8 +12,13 @@ from IPython.core.interactiveshell import InteractiveShell
 import distnb
 from distnb.errors import ConfigError, DistnbWarning
 from distnb.magics import DistMagics
-from distnb.session.options import Options
-from distnb.session.slurm import parse_args
+from distnb.session.cluster.engines import Launcher, Local, Mpi
+from distnb.session.cluster.slurm import Slurm
+from distnb.session.cluster.ssh import Ssh
+from distnb.session.options import Options, engine_kind
+
+KIND = {"n": None, "backend": "gloo", "host": "10.0.0.1", "hosts": None, "python": "",
+        "ssh_args": (), "slurm": ()}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -44,17 +48,34 @@ def test_the_magic_takes_the_hosts(shell: InteractiveShell) -> None:
         magics.dist_start('-n 4 --slurm "--partition gpu --time 1:00:00"')
 
 
+def test_each_launcher_is_an_engine_kind_built_once() -> None:
+    assert isinstance(engine_kind("local", **KIND), Local)
+    assert isinstance(engine_kind("mpi", **KIND), Mpi)
+    assert isinstance(engine_kind("pbs", **KIND), Launcher)
+    ssh = engine_kind("local", **{**KIND, "hosts": "h2:2,h3:1", "ssh_args": ["-i", "key"]})
+    assert isinstance(ssh, Ssh) and ssh.ranks(None, "gloo") == 3
+    settings = ssh.launcher_settings()
+    assert settings["engines"] == {"h2": 2, "h3": 1}
+    assert settings["ssh_args"][:2] == ["-i", "key"]  # the user's first: ssh keeps the first
+    assert ssh.heart_misses < Local(2, "gloo").heart_misses
+    with pytest.raises(ConfigError, match="n must be a whole number"):
+        Options(n=0, engines=Local(2, "gloo"))
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        engine_kind("local", **{**KIND, "backend": "mpi"})
+
+
 def test_slurm_options_reach_the_launcher_as_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     """sbatch's from a login node; srun's inside an allocation, which gives `n` its tasks."""
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    opts = Options(n=4, engines="slurm", host="10.0.0.1", slurm=parse_args("-p gpu -t '1:00:00'"))
-    assert opts.validated().launcher_settings()["submit_command"] == [
+    kind = engine_kind("slurm", **{**KIND, "slurm": "-p gpu -t '1:00:00'"})
+    assert isinstance(kind, Slurm) and kind.ranks(4, "gloo") == 4
+    assert kind.launcher_settings()["submit_command"] == [
         "sbatch", "-p", "gpu", "-t", "1:00:00",
     ]  # fmt: skip
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_NTASKS", "8")
-    inside = replace(opts, n=None, slurm=("--overlap",)).validated()
-    assert inside.n == 8
+    inside = Slurm(("--overlap",), "10.0.0.1")
+    assert inside.ranks(None, "gloo") == 8
     assert inside.launcher_settings()["mpi_cmd"] == ["srun"]
     assert inside.launcher_settings()["mpi_args"] == ["--overlap"]
 
@@ -67,8 +88,8 @@ def test_local_ranks_from_an_allocations_login_shell_are_questioned(
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[1-2]")
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     with pytest.warns(DistnbWarning, match=r"allocation 12 but not on its nodes \(gpu\[1-2\]\)"):
-        Options(n=2).validated()
+        Local(2, "gloo")
     monkeypatch.setenv("SLURMD_NODENAME", "gpu1")  # a kernel on a node of it: its own GPUs
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Options(n=2).validated()
+        Local(2, "gloo")

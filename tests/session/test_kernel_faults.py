@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from distnb.reaper import MARK_VAR, marked
-from distnb.session.watch import boards_pattern
+from distnb.session.control import boards_pattern
 from tests.conftest import plain, running
 from tests.test_kernel import kernel
 
@@ -35,7 +35,7 @@ SESSION = (
     "import json; from distnb.magics import DistMagics\n"
     "m = next(m for m in get_ipython().magics_manager.registry.values()"
     " if isinstance(m, DistMagics))\n"
-    "print(json.dumps([m.session._control.session_id, m.session._cluster._reaper.pid]))"
+    "print(json.dumps([m.session.control.session_id, m.session.cluster._reaper.pid]))"
 )
 
 
@@ -172,7 +172,7 @@ def test_a_kernel_killed_in_the_middle_of_dist_stop(kernel: tuple[Any, Any]) -> 
     pids, mark = snapshot(kernel_pid)
     # the kernel dies right after stop's first SIGKILL: the rest is the reaper's
     kc.execute(
-        "import os, signal\nimport distnb.session.processes as p\nsend = p.send\n"
+        "import os, signal\nimport distnb.session.cluster.processes as p\nsend = p.send\n"
         "def dying(proc, sig):\n    send(proc, sig)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
         "p.send = dying\n%dist_stop"
     )

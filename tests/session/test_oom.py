@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from distnb.session.oom import (
+from distnb.session.cluster.oom import (
+    OomBaseline,
     OomEvidence,
-    OomWatch,
     killed_pids,
     memory_cgroup,
     oom_killed,
@@ -88,27 +88,27 @@ def test_a_real_oom_kill_is_named_and_a_plain_sigkill_is_not(small_cgroup: Path)
     procs = small_cgroup / "cgroup.procs"
     while str(hog.pid) not in procs.read_text().split():  # it moves itself, then waits
         time.sleep(0.01)
-    watch = OomWatch([hog.pid])
+    watch = OomBaseline([hog.pid])
     assert hog.wait(30) == KILL
     assert watch.killed(hog.pid, KILL)
 
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    plain = OomWatch([idle.pid])
+    plain = OomBaseline([idle.pid])
     idle.kill()
     assert idle.wait(10) == KILL
     assert not plain.killed(idle.pid, KILL)
 
 
-def test_ended_text_names_the_oom_killer_only_on_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
-    from distnb.session import oom
-    from distnb.session.oom import OOM_TEXT, ended_text
+def test_the_oom_killer_is_named_only_on_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distnb.session.cluster import oom
+    from distnb.session.cluster.members import exit_text
 
-    assert ended_text(7, 3, None) == "exited with code 3"
-    assert ended_text(7, KILL, None) == "was killed by SIGKILL"
-    # the kernel log is the evidence a watch of no cgroups has: it decides, either way
+    assert exit_text(3) == "exited with code 3"
+    assert exit_text(KILL) == "was killed by SIGKILL"
+    # the kernel log is the evidence a baseline of no cgroups has: it decides, either way
     monkeypatch.setattr(oom, "kernel_log", lambda: ["Out of memory: Killed process 8 (python)"])
-    assert ended_text(7, KILL, OomWatch([])) == "was killed by SIGKILL"
-    assert ended_text(8, KILL, OomWatch([])) == OOM_TEXT
-    assert ended_text(8, 3, OomWatch([])) == "exited with code 3"  # it exited by itself
+    assert not OomBaseline([]).killed(7, KILL)
+    assert OomBaseline([]).killed(8, KILL)
+    assert not OomBaseline([]).killed(8, 3)  # it exited by itself
     monkeypatch.setattr(oom, "kernel_log", lambda: [])
-    assert ended_text(8, KILL, OomWatch([])) == "was killed by SIGKILL"
+    assert not OomBaseline([]).killed(8, KILL)

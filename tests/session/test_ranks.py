@@ -4,7 +4,7 @@ import pytest
 
 from distnb.errors import ConfigError
 from distnb.records.cell import EngineProbe
-from distnb.session.ranks import assign_ranks, choose_backend
+from distnb.session.joining import assign_ranks, choose_backend
 
 
 def probe(eid: int, host: str, gpus: int = 0, mpi: int | None = None) -> EngineProbe:

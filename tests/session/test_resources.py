@@ -13,7 +13,7 @@ import pytest
 
 import distnb
 from distnb.errors import RankError
-from distnb.session.oom import OOM_TEXT
+from distnb.session.cluster.oom import OOM_TEXT
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

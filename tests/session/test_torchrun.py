@@ -13,7 +13,7 @@ from distnb.rank.torchrun import TORCHRUN_VARS
 
 if TYPE_CHECKING:
     from distnb.session import Session
-    from distnb.session.cells import CellResult
+    from distnb.session.runs.request import CellResult
 
 pytestmark = pytest.mark.cluster
 

@@ -19,10 +19,11 @@ so gloo never aborts and the process group keeps working::
 The modules, in the order a call meets them: `intercept` (the kernels), `ops` and `funcol` (what
 each op is about to do), `context` (what the Python-level caller adds: object collectives, DDP
 models, batches), `callsite` and `origin` (where the call was made and what made it), `checker`
-(groups, seq, the exchange and the verdict), `p2p` (messages), `exchange` and `futex` (how
-fingerprints travel: shared memory on one host, the control-plane store across hosts), `monitor`
-(long waits: beacons, the kernel's abort key, deadlocks), `wire` (the fingerprint's bytes),
-`recorder` (events for the timeline). The store keys are in `distnb.keys`.
+(seq, the exchange and the verdict), `groups` (the groups and channels met, and their boards),
+`p2p` (messages), `exchange` and `futex` (how fingerprints travel: shared memory on one host, the
+control-plane store across hosts), `monitor` (long waits: beacons, the kernel's abort key,
+deadlocks), `wire` (the fingerprint's bytes), `recorder` (events for the timeline). The store
+keys are in `distnb.keys`.
 
 Limits: every rank of a group must run checked (or `unchecked()`) calls alike; the check adds a
 synchronisation point before each collective (a rank cannot start collective n + 1 before its
@@ -32,10 +33,8 @@ devices other than CPU and CUDA.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from torch._C._distributed_c10d import Store
 
@@ -48,7 +47,6 @@ from distnb.records.collective import CollectiveEvent, Mismatch
 
 __all__ = [
     "begin_run",
-    "check_ddp",
     "clear",
     "events",
     "finite_checks",
@@ -196,17 +194,3 @@ def clear() -> None:
 def last_mismatch() -> Mismatch | None:
     """The mismatch this rank raised last, as a record (also on the error as `err.mismatch`)."""
     return None if _checker is None else _checker.last_mismatch
-
-
-def check_ddp(model: Any, process_group: Any = None) -> Any:
-    """Deprecated, and no longer needed: DDP's gradient buckets are checked without it.
-
-    Returns `model` unchanged.
-    """
-    warnings.warn(
-        "distnb.rank.checked.check_ddp is no longer needed: every DDP collective is checked "
-        "(constructor and gradient buckets); remove the call",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return model

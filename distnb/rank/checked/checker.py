@@ -1,4 +1,4 @@
-"""The checked runtime's per-rank state: groups, boards, the check itself, events.
+"""The check of one collective on one rank: post, collect, judge, then dispatch and record.
 
 `Checker.collective` is the hot path of every checked collective:
 
@@ -12,13 +12,12 @@
 Long waits are watched (`monitor`: beacon, abort key, deadlock check). When a wait ends without
 the collective (abort key, a deadlock, Ctrl-C while a peer is still missing) the rank takes its
 fingerprint back and does not count the seq, so that its next call lines up with its peers again.
+The groups, channels and boards a `Checker` is made of are in `groups`.
 """
 
 from __future__ import annotations
 
 import marshal
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,13 +25,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
-from torch.distributed import distributed_c10d as c10d
 
 from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked import origin as origin_of
 from distnb.rank.checked.calls import Call, Core, local
+from distnb.rank.checked.groups import SHM_VAR, Group, Groups, host_identity
 from distnb.rank.checked.monitor import Wait, WaitMonitor, mismatch_error
 from distnb.rank.checked.origin import BACKWARD
 from distnb.rank.checked.recorder import END, Recorder
@@ -40,59 +39,16 @@ from distnb.rank.checked.wire import Where, core_bytes, decode, encode, fingerpr
 from distnb.records.beacon import Beacon, WaitKind
 from distnb.records.collective import Fingerprint, Mismatch
 
-__all__ = ["Channel", "Checker", "Group", "end_when_done", "group_label", "host_identity"]
+# SHM_VAR (from `groups`) is imported from here by tests and benchmarks
+__all__ = ["SHM_VAR", "WAIT_ENDED", "Checker", "end_when_done"]
 
-SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
-P2P_SLOT_SIZE = 2 * 1024
 _MAX_VERDICTS = 4096
 _ScriptObject = torch.ScriptObject
 # errors that end a wait without the call: the rank takes back what it posted
 WAIT_ENDED = (KeyboardInterrupt, CollectiveDesyncError, CollectiveMismatchError)
 
-Channel = tuple[str, int, int, int]  # (group name, src, dst, tag), global ranks
 
-
-# Set to "0" on the ranks: every rank counts as a host of its own, so fingerprints go through
-# the control plane's store as between hosts (to rehearse or measure that path on one machine).
-SHM_VAR = "DISTNB_SHM"
-
-
-def host_identity() -> str:
-    """Ranks with equal identities can share /dev/shm: same host, boot and tmpfs mount."""
-    if os.environ.get(SHM_VAR) == "0":
-        return f"{socket.gethostname()}|pid{os.getpid()}"
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    try:
-        dev = os.stat(exchange.SHM_DIR).st_dev
-    except OSError:
-        return f"{socket.gethostname()}|{boot}|noshm{os.getpid()}"
-    return f"{socket.gethostname()}|{boot}|{dev}"
-
-
-class Group:
-    """A process group as the checker sees it; `seq` counts its checked collectives.
-
-    `name` is its registered name (unique, and the same on every member); `label` the name a
-    user knows it by (`WORLD`, a mesh dimension, `group[0,1]`), for messages.
-    """
-
-    __slots__ = ("board", "index", "label", "members", "name", "peers", "seq")
-
-    def __init__(self, name: str, label: str, members: tuple[int, ...], index: int) -> None:
-        self.name = name
-        self.label = label
-        self.members = members
-        self.index = index
-        self.peers = [i for i in range(len(members)) if i != index]
-        self.seq = 0
-        self.board: exchange.Board | None = None
-
-
-class Checker:
+class Checker(Groups):
     """Everything the checked runtime keeps on one rank between `install` and `uninstall`."""
 
     def __init__(
@@ -111,32 +67,23 @@ class Checker:
             raise ConfigError(f"hosts names {len(hosts)} ranks; world_size is {world_size}")
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank must be in 0..{world_size - 1}, got {rank}")
-        self.store = store
-        self.rank = rank
+        super().__init__(
+            store,
+            rank=rank,
+            session_id=session_id,
+            hosts=hosts,
+            generation=generation,
+            monitor=WaitMonitor(store, rank, self._blocks),
+        )
         self.world_size = world_size
-        self.session_id = session_id
-        self.hosts = list(hosts) if hosts is not None else None
         self.check_finite = check_finite
         self.recorder = Recorder(ring_size)
-        # names this checker's boards: a new install, and each `forget_groups`, get new ones
-        self.generation = str(generation)
-        self._forgotten = 0
-        self.monitor = WaitMonitor(store, rank, self._blocks)
         self.last_mismatch: Mismatch | None = None
-        self.groups: dict[str, Group | None] = {}  # by registered name
         # (group name, graph task) of the last collective from the autograd engine, and how
         # many it made: DDP's reducer reduces its buckets in index order
         self._backward: tuple[str, int] = ("", -1)
         self._buckets = 0
-        # point-to-point channels (group, src, dst, tag): boards and message counts
-        self.channels: dict[Channel, exchange.Board] = {}
-        self.sent: dict[Channel, int] = {}
-        self.received: dict[Channel, int] = {}
-        # after an irecv from any source this rank cannot tell which message comes next
-        self.p2p_blind = False
         self.verdicts: dict[tuple[Any, ...], bool] = {}
-        self._boards: list[exchange.Board] = []
-        self._host_ids: dict[int, str] = {}
         if self.hosts is None:
             store.set(keys.host(rank), host_identity())
 
@@ -202,26 +149,6 @@ class Checker:
         index = self._buckets
         self._buckets += 1
         return origin_of.ddp_bucket(g.name, index)
-
-    def group(self, name: str) -> Group | None:
-        """The checker's view of the group registered as `name`; None if this rank is not in it."""
-        try:
-            return self.groups[name]
-        except KeyError:
-            g = self.groups[name] = self._new_group(name)
-            return g
-
-    def _new_group(self, name: str) -> Group | None:
-        pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]
-        if pg is None or c10d._rank_not_in_group(pg):
-            return None
-        members = tuple(dist.get_process_group_ranks(pg))
-        if self.rank not in members:
-            return None
-        g = Group(name, group_label(pg, members), members, members.index(self.rank))
-        if len(members) > 1:
-            g.board = self.board(f"c-{name}", members, len(members), 2, SLOT_SIZE)
-        return g
 
     def _exchange(self, g: Group, seq: int, core: Core, where: Where) -> bool:
         """Post, collect, judge. True when Ctrl-C came after every peer had posted: the caller
@@ -344,82 +271,10 @@ class Checker:
                 return False
         return True
 
-    # --- boards ---------------------------------------------------------------------------------
-
-    def channel(self, key: Channel) -> exchange.Board:
-        """The board of a point-to-point channel: ring 0 carries the sender's fingerprints,
-        ring 1 the receiver's verdicts on mismatches (see `distnb.rank.checked.p2p`)."""
-        board = self.channels.get(key)
-        if board is None:
-            group, src, dst, tag = key
-            name = f"p-{group}-{src}-{dst}-{tag}"
-            board = self.board(name, (src, dst), 2, exchange.P2P_DEPTH, P2P_SLOT_SIZE)
-            self.channels[key] = board
-        return board
-
-    def board(
-        self, name: str, members: Sequence[int], rings: int, depth: int, slot: int
-    ) -> exchange.Board:
-        if self._same_host(members):
-            path = exchange.shm_path(self.session_id, f"{self.generation}-{name}")
-            spill = exchange.StoreBoard(self.store, keys.spill(self.generation, name), depth)
-            board: exchange.Board = exchange.ShmBoard(path, rings, depth, slot, spill)
-        else:
-            board = exchange.StoreBoard(self.store, keys.board(self.generation, name), depth)
-        self._boards.append(board)
-        return board
-
-    def _same_host(self, members: Sequence[int]) -> bool:
-        if self.hosts is not None:
-            return len({self.hosts[r] for r in members}) == 1
-        wanted = [r for r in members if r not in self._host_ids]
-        if wanted:
-            names = [keys.host(r) for r in wanted]
-            where = callsite.lookup()
-            start = Wait(WaitKind.START, "", "(install)", 0, "install", where, wanted)
-            self.monitor.start(start)
-            t0 = time.monotonic_ns()
-            next_tick = exchange.TICK_NS
-            try:
-                while not self.store.check(names):
-                    time.sleep(0.001)
-                    elapsed = time.monotonic_ns() - t0
-                    if elapsed >= next_tick:
-                        next_tick += exchange.TICK_NS
-                        self.monitor.tick(elapsed, range(len(wanted)))
-            finally:
-                self.monitor.end()
-            for r, value in zip(wanted, self.store.multi_get(names), strict=True):
-                self._host_ids[r] = value.decode()
-        return len({self._host_ids[r] for r in members}) == 1
-
     def forget_groups(self) -> None:
         """Drop every group and channel; boards made from now on have new names."""
-        self.close()
-        self._forgotten += 1
-        self.generation = f"{self.generation.split('.')[0]}.{self._forgotten}"
-        self.sent.clear()
-        self.received.clear()
+        super().forget_groups()
         self.verdicts.clear()
-        self.p2p_blind = False
-
-    def close(self) -> None:
-        for board in self._boards:
-            board.close(unlink=True)
-        self._boards.clear()
-        self.channels.clear()
-        self.groups.clear()
-
-
-def group_label(pg: Any, members: Sequence[int]) -> str:
-    """`WORLD`, a `DeviceMesh` dimension (`tp`), the `group_desc` given to `new_group`, or the
-    group's ranks (`group[0,1]`): the name a user knows a group by."""
-    if pg is c10d._get_default_group():
-        return "WORLD"
-    desc = str(getattr(pg, "group_desc", "") or "")
-    if desc and desc not in ("undefined", "default_pg"):
-        return desc.removeprefix("mesh_")
-    return f"group[{','.join(map(str, members))}]"
 
 
 def end_when_done(result: Any, entry: list[Any]) -> bool:

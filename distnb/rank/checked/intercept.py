@@ -7,7 +7,8 @@ Python kernel for each op at the `ADInplaceOrView` dispatch key; each kernel des
 has the checker compare it with its peers', and then redispatches to the backend's own kernel.
 `uninstall` removes the kernels.
 
-Why `ADInplaceOrView` (measured on torch 2.13, 2 gloo ranks; see docs/architecture.md):
+Why `ADInplaceOrView` (the experiments behind it: docs/architecture.md, "Where collectives
+come from"):
 
 - every path above reaches it: `dist.*`, DDP's constructor and its reducer (from the autograd
   engine), FSDP2, DTensor (explicit and implicit redistribution), eager and inductor-compiled
@@ -16,8 +17,7 @@ Why `ADInplaceOrView` (measured on torch 2.13, 2 gloo ranks; see docs/architectu
   original kernel with `SafeKernelFunction.call_boxed`, which holds the GIL while gloo takes its
   work queue's lock; gloo's worker thread, which holds that lock while it drops its last
   reference to a finished work's tensors, needs the GIL to release their Python objects, and
-  the two deadlock (20,000 8-element all_reduces: 4 hangs in 4 runs). `redispatch` from this key
-  releases the GIL, as torch's own bindings do (0 hangs);
+  the two deadlock. `redispatch` from this key releases the GIL, as torch's own bindings do;
 - code under `torch.inference_mode()` excludes this key: `context` lets the Python-level calls
   made there (`torch.distributed`'s functions, functional collectives) run with inference mode
   off for the call's duration, so they are checked too. C++ callers under inference mode (DDP's

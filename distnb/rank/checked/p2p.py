@@ -34,7 +34,8 @@ import torch.distributed as dist
 from distnb import matching
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked.calls import Call, group_name, local, spec
-from distnb.rank.checked.checker import WAIT_ENDED, Channel, Checker, Group
+from distnb.rank.checked.checker import WAIT_ENDED, Checker
+from distnb.rank.checked.groups import Channel, Group
 from distnb.rank.checked.monitor import Wait, mismatch_error
 from distnb.rank.checked.wire import Where, decode, encode, fingerprint
 from distnb.records.beacon import WaitKind

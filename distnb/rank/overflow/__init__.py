@@ -37,10 +37,11 @@ shows the modified values (the producer's `output` frame holds them as they were
 learn nothing about counts at the step where a value first goes non-finite unless that tensor
 had already asked for them; `full` always has them. The watch runs in the rank's own thread.
 
-Modules: `hooks` (the `Watch`: its hooks and the step's end), `buffer` (statistics queued on the
-device and read back), `stats` (the arithmetic), `frames` (from numbers to `Frame` records). The
-options are `distnb.records.overflow.WatchOptions`, checked once. Terms (step, micro-step, frame,
-compute dtype, headroom) are defined in `distnb.records.overflow`.
+Modules: `watch` (the `Watch` and the step's end), `hooks` (its hooks on the model), `buffer`
+(statistics queued on the device and read back), `stats` (the arithmetic), `frames` (from
+numbers to `Frame` records). The options are `distnb.records.overflow.WatchOptions`, checked
+once. Terms (step, micro-step, frame, compute dtype, headroom) are defined in
+`distnb.records.overflow`.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from distnb.errors import DistnbWarning
-from distnb.rank.overflow.hooks import Watch
+from distnb.errors import ConfigError, DistnbWarning
+from distnb.rank.overflow.watch import Watch
 from distnb.records.overflow import Phase, Stats, StepOn, WatchOptions
 
 __all__ = ["Watch", "attach", "attached", "detach", "detect", "watch"]
@@ -85,17 +86,20 @@ def watch(
 
         w = watch(model, trace_batches=[0], stop_on_nonfinite=True)
     """
-    options = WatchOptions.of(
-        frames=frames,
-        trace_batches=tuple(trace_batches),
-        abort_after=abort_after,
-        phases=tuple(phases),
-        rank=rank,
-        headroom_warn_bits=headroom_warn_bits,
-        stats=stats,
-        step_on=step_on,
-        stop_on_nonfinite=stop_on_nonfinite,
-    )
+    try:
+        options = WatchOptions.of(
+            frames=frames,
+            trace_batches=tuple(trace_batches),
+            abort_after=abort_after,
+            phases=tuple(phases),
+            rank=rank,
+            headroom_warn_bits=headroom_warn_bits,
+            stats=stats,
+            step_on=step_on,
+            stop_on_nonfinite=stop_on_nonfinite,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return Watch(model, options)
 
 

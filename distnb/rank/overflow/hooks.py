@@ -1,11 +1,11 @@
-"""The watch: hooks on a model that queue statistics as tensors pass, and the step's readback.
+"""A watch's hooks on a model: they queue statistics as tensors pass, for the step's end.
 
 Hooks, and what each frame costs. A module's forward hook sees its inputs, outputs and own
 parameters (phase `forward`) and hooks the gradient that will flow into each output (`backward`);
 a post-accumulate hook on each parameter sees its `.grad` (`grad`). Each frame costs a tuple of
 metadata; each new tensor one statistics call on its device (a parameter once per step, unless it
 changed; a tensor that is the output of one module and the input of the next once). Nothing is
-read back until the step ends.
+read back until the step ends (`distnb.rank.overflow.watch`).
 
 The hooks run for every module call of every step, so they are closures made once per module
 and parameter, with what they need bound in advance, and the default statistics (`fast`) go
@@ -28,13 +28,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from distnb.errors import NonFiniteError, OverflowStop
 from distnb.rank.overflow.buffer import StepBuffer
-from distnb.rank.overflow.frames import LOW_PRECISION, FrameMeta, History, named_leaves
-from distnb.rank.overflow.stats import ALL, SIGNED, UNDER, ZEROS, Scratch, limits
-from distnb.records.overflow import Phase, RankOverflowReport, Stats, StepOn, WatchOptions
+from distnb.rank.overflow.frames import LOW_PRECISION, FrameMeta, named_leaves
+from distnb.rank.overflow.stats import ALL, SIGNED, UNDER, ZEROS, limits
+from distnb.records.overflow import Phase, Stats, WatchOptions
 
-__all__ = ["Watch"]
+__all__ = ["Hooks"]
 
 FORWARD, BACKWARD, GRAD = Phase.FORWARD, Phase.BACKWARD, Phase.GRAD
 _INPUT = tuple(f"input[{i}]" for i in range(16))
@@ -51,28 +50,16 @@ Site = tuple[str, str, str]  # (module path, class, tensor name) of a frame
 Record = Callable[[torch.Tensor, "torch.dtype | None", str, Phase, str], int]
 
 
-class Watch:
-    """A running overflow watch over one model on this rank; `distnb.overflow.watch()` makes one.
+class Hooks:
+    """The hooks a watch places on a model, and what they queue during a step: each frame's
+    metadata, and its statistics in a buffer on the device. `Watch` (`distnb.rank.overflow.watch`)
+    is made of these and ends the steps."""
 
-    Example::
-
-        w = watch(model)
-        for batch in loader:
-            loss = model(batch).loss
-            loss.backward()
-            opt.step(); opt.zero_grad()
-        w.report().first      # the first non-finite frame, or None
-        w.detach()            # every hook gone: the model runs at its own speed again
-    """
-
-    def __init__(self, model: nn.Module, options: WatchOptions | None = None) -> None:
-        o = (options or WatchOptions()).validated()
+    def __init__(self, model: nn.Module, options: WatchOptions) -> None:
         self.model = model
-        self.options = o
-        self.rank = o.rank if o.rank is not None else _process_rank()
-        self.readbacks = 0  # host syncs made by this watch: one per step and device
-        self._fixed = {Stats.FAST: SIGNED, Stats.FULL: ALL}.get(o.stats, -1)  # -1: learnt
-        self._step = self._micro = self._order = 0  # _order: frames read back mid-step
+        self.options = options
+        self._fixed = {Stats.FAST: SIGNED, Stats.FULL: ALL}.get(options.stats, -1)  # -1: learnt
+        self._micro = 0
         # This step's frames. The list is emptied, never replaced: the hooks hold its `append`.
         self._metas: list[FrameMeta] = []
         self._buf = StepBuffer()
@@ -83,83 +70,16 @@ class Watch:
         # is its last child's reuses the child's statistics
         self._last_grad: tuple[weakref.ref[torch.Tensor], int] | None = None
         self._groups: dict[Any, int] = {}  # `auto`: statistic groups learnt per frame key
-        self._history = History(self.rank, o)
-        self._stopped = ""
         self._handles: list[RemovableHandle] = []
         self._pseen: dict[int, tuple[torch.Tensor, int, int]] = {}  # id: parameter, version, slot
-        self._attach()
-
-    # -- public ----------------------------------------------------------------------------
-
-    @property
-    def attached(self) -> bool:
-        return bool(self._handles)
-
-    @property
-    def buffer_bytes(self) -> int:
-        """Device memory this watch keeps between steps: a few scalars per tensor of a step (and,
-        under `auto`/`full` on CPU, scratch space for the statistics). It keeps no tensor of the
-        model alive: the hooks compute as tensors pass and hold only weak references."""
-        return self._buf.nbytes
-
-    def step(self) -> None:
-        """End the current step: read its statistics back (one host sync per device).
-
-        With `step_on="explicit"` this is the only place steps end, and every forward of the
-        root module in between is a micro-step. It raises `NonFiniteError`/`OverflowStop` when
-        the watch was asked to stop.
-        """
-        if self._handles:
-            self._end_step()
-
-    def report(self) -> RankOverflowReport:
-        """What this watch saw so far, as a plain record; reads back what is still pending."""
-        if self._metas:
-            self._readback()  # a stop it asks for is left to the step's end
-        h = self._history
-        return RankOverflowReport(
-            rank=self.rank,
-            steps=self._step,
-            readbacks=self.readbacks,
-            first=h.first,
-            ring=h.ring or h.tail(),
-            traced=tuple(h.traced),
-            headroom=tuple(h.headroom),
-            stopped=self._stopped,
-            stats=self.options.stats,
-        )
-
-    def detach(self) -> None:
-        """Remove every hook this watch installed; the report stays readable.
-
-        Hooks already placed on a live autograd graph stay there until the graph is freed, and
-        do nothing.
-        """
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        self._buf.scratch = Scratch()  # frees the buffers
-
-    def __enter__(self) -> Watch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.detach()
-
-    def __repr__(self) -> str:
-        state = "attached" if self.attached else "detached"
-        first = self._history.first
-        where = f", first non-finite at {first.where}" if first else ""
-        return (
-            f"<Watch rank {self.rank} {state}: {self._step} steps, "
-            f"{self.readbacks} readbacks{where}>"
-        )
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def _attach(self) -> None:
+    def _attach(self, on_root_forward: Callable[[nn.Module, Any], None]) -> None:
+        """Hook the model: `on_root_forward` before each forward of the root module (where
+        steps and micro-steps begin), then every module and parameter."""
         add = self._handles.append
-        add(self.model.register_forward_pre_hook(_Hook(self._on_root_forward)))
+        add(self.model.register_forward_pre_hook(_Hook(on_root_forward)))
         phases = self.options.phases
         seen: set[nn.Parameter] = set()
         for path, m in self.model.named_modules():
@@ -234,13 +154,6 @@ class Watch:
                         hook_grad(t, *hook)
 
         return on_forward
-
-    def _on_root_forward(self, module: nn.Module, args: Any) -> None:
-        if self.options.step_on is StepOn.FORWARD:
-            if self._metas:
-                self._end_step()
-        elif self._metas or self._order:  # frames seen this step: a new micro-step begins
-            self._micro += 1
 
     def _see_params(self, module: nn.Module, path: str, cls: str, cdt: Any) -> None:
         """Frames of a module's own parameters, read where they are now: a parameter replaced
@@ -347,49 +260,6 @@ class Watch:
                 groups &= ~UNDER  # t cannot hold a non-zero value under tiny
         return self._buf.add(t, n, groups, cdt, key)
 
-    # -- step end ----------------------------------------------------------------------------
-
-    def _end_step(self) -> None:
-        stop = self._readback() if self._metas else None
-        self._step += 1
-        self._micro = self._order = 0
-        self._last_grad = None
-        o = self.options
-        if stop is None and o.abort_after is not None and self._step > o.abort_after:
-            message = (
-                f"rank {self.rank}: stopped after step {o.abort_after} as asked "
-                f"(abort_after={o.abort_after}); watch.report() has the frames."
-            )
-            stop = ("abort_after", OverflowStop, message)
-        if stop is not None:
-            self._stopped = stop[0]
-            self.detach()
-            raise stop[1](stop[2], self.report())
-
-    def _readback(self) -> tuple[str, type[OverflowStop], str] | None:
-        """Read the pending statistics back and process them; says whether to stop."""
-        readout, syncs = self._buf.read()
-        self.readbacks += syncs
-        self._seen.clear()  # its slot numbers pointed into the buffer just read
-        self._pseen.clear()
-        metas = self._metas.copy()
-        self._metas.clear()
-        lowp = self._lowp or readout.low_precision
-        self._lowp = False
-        if self._fixed < 0:
-            for key, need in readout.escalations().items():
-                self._groups[key] = self._groups.get(key, 0) | need
-        first = self._history.record(self._step, self._order, metas, readout, lowp)
-        self._order += len(metas)
-        if first is None or not self.options.stop_on_nonfinite:
-            return None
-        message = (
-            f"rank {self.rank}: non-finite values at step {first.step}, {first.where}: "
-            f"{first.describe()}. The frames before it: %dist_overflow --report "
-            "(or watch.report().ring)."
-        )
-        return ("nonfinite", NonFiniteError, message)
-
 
 class _Hook(partial):  # type: ignore[type-arg]
     """A watch's hook on a module or parameter. A watch belongs to its process: a model saved
@@ -418,8 +288,3 @@ def _autocast_dtype(outs: list[tuple[str, torch.Tensor]]) -> torch.dtype | None:
         if t.is_floating_point():
             return t.dtype if torch.is_autocast_enabled(t.device.type) else None
     return None
-
-
-def _process_rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

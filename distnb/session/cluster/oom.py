@@ -4,7 +4,7 @@ A process the OOM killer ends dies by SIGKILL, as one killed by hand or by a sch
 pieces of evidence tell them apart, both read on the kernel's host (ranks on other hosts cannot
 be told apart): the kernel log names the pid it killed (`Killed process 4242 (python)`, readable
 where `dmesg` is), and the `oom_kill` count of the rank's memory cgroup (cgroup v2
-`memory.events`, v1 `memory.oom_control`) goes up. `OomWatch` reads the counts when ranks start,
+`memory.events`, v1 `memory.oom_control`) goes up. `OomBaseline` reads the counts when ranks start,
 and the evidence again when one dies; `oom_killed` weighs it (a pure function).
 """
 
@@ -16,13 +16,10 @@ import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from distnb.session.failures import exit_text
-
 __all__ = [
     "OOM_TEXT",
+    "OomBaseline",
     "OomEvidence",
-    "OomWatch",
-    "ended_text",
     "kernel_log",
     "killed_pids",
     "memory_cgroup",
@@ -135,11 +132,11 @@ def kernel_log() -> list[str]:
     return lines
 
 
-class OomWatch:
+class OomBaseline:
     """The OOM evidence of a session's local ranks: counts when made, weighed at a death.
 
-    >>> watch = OomWatch([4242, 4244])      # when the ranks start
-    >>> watch.killed(4244, exit_code=-9)    # when rank 1 died by SIGKILL
+    >>> baseline = OomBaseline([4242, 4244])   # when the ranks start
+    >>> baseline.killed(4244, exit_code=-9)    # when rank 1 died by SIGKILL
     True
     """
 
@@ -153,12 +150,3 @@ class OomWatch:
             return False  # not worth reading the kernel log
         after = OomEvidence(read_oom_kills(self._cgroups.get(pid)), killed_pids(kernel_log()))
         return oom_killed(pid, exit_code, self._before.get(pid, OomEvidence()), after)
-
-
-def ended_text(pid: int, exit_code: int | None, watch: OomWatch | None) -> str:
-    """How a rank's process ended, for messages: `was killed by the OOM killer (...)` when the
-    evidence says so, else `failures.exit_text` (`was killed by SIGKILL`, `exited with code 3`).
-    """
-    if watch is not None and watch.killed(pid, exit_code):
-        return OOM_TEXT
-    return exit_text(exit_code)

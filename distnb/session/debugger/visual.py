@@ -10,9 +10,8 @@ code never runs. `VisualDebugger` stands in front of ipykernel's debugger (`inst
   ranks compile the cell under it, so gutter breakpoints stop them and the frontend highlights
   their line in the cell. debugpy listens on the rank's loopback (it has no authentication); a
   rank on another host is reached through the signed control plane (`distnb.rank.debug.relay`).
-- A rank's threads, frames and variables reach the frontend under ids of their own: id `i` of
-  rank `r` is `(r + 1) << 32 | i` (ipykernel's own ids are small). A request naming such an id
-  goes to that rank, with the rank's id; every other request is ipykernel's, as before.
+- A rank's threads, frames and variables reach the frontend under ids of their own (`ids`): a
+  request naming such an id goes to that rank; every other request is ipykernel's, as before.
   Threads are `rank r` (the main thread) or `rank r: name`, frames `[rank r] name`; tensors
   show dtype, shape and device before their value.
 - A rank's `stopped` event reaches the frontend as the kernel's own would. The rank is marked
@@ -29,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
-import socket
 import sys
 import threading
 import time
@@ -39,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from distnb import keys
 from distnb.records.beacon import Beacon, BeaconState
-from distnb.session.dap import DapClient, DapError
+from distnb.session.debugger import links
+from distnb.session.debugger.dap import DapClient, DapError
+from distnb.session.debugger.ids import RESUMING, ROUTED, decode, encode, kernels
 
 if TYPE_CHECKING:
     from distnb.records.cell import RankInfo
@@ -50,36 +49,9 @@ __all__ = ["VisualDebugger", "active", "install", "uninstall"]
 
 Message = dict[str, Any]
 
-_SHIFT = 32
-# the argument of each request that names a thread, frame or variable
-_ROUTED = {
-    "stackTrace": "threadId",
-    "continue": "threadId",
-    "next": "threadId",
-    "stepIn": "threadId",
-    "stepOut": "threadId",
-    "pause": "threadId",
-    "scopes": "frameId",
-    "evaluate": "frameId",
-    "setExpression": "frameId",
-    "variables": "variablesReference",
-    "setVariable": "variablesReference",
-}
-_RESUMING = {"continue", "next", "stepIn", "stepOut"}
 _TENSORS = {"Tensor", "Parameter", "DTensor"}
 
 _active: VisualDebugger | None = None
-
-
-def encode(rank: int, own: int) -> int:
-    return ((rank + 1) << _SHIFT) | own
-
-
-def decode(value: int) -> tuple[int | None, int]:
-    """(rank, the rank's own id), or (None, value) for one of the kernel's own."""
-    if value >> _SHIFT:
-        return (value >> _SHIFT) - 1, value & ((1 << _SHIFT) - 1)
-    return None, value
 
 
 def install(shell: Any) -> VisualDebugger | None:
@@ -130,7 +102,6 @@ class VisualDebugger:
         self.raw_cell = ""
         self.breakpoints: dict[str, list[Message]] = {}  # source path -> as the frontend set
         self.clients: dict[int, DapClient] = {}
-        self.initialized: dict[int, threading.Event] = {}
         self.stopped: dict[int, Message] = {}  # rank -> its stopped event's body (own ids)
         self.resumed_by: dict[int, str] = {}
         self.shown: int | None = None  # the rank's thread the frontend shows, while stopped
@@ -146,9 +117,9 @@ class VisualDebugger:
     async def process_request(self, message: Message) -> Message:
         command = message.get("command", "")
         args = message.get("arguments") or {}
-        key = _ROUTED.get(command)
+        key = ROUTED.get(command)
         thread = args.get(key) if key == "threadId" else None
-        if isinstance(thread, int) and thread >> _SHIFT == 0 and self._rank_shown():
+        if isinstance(thread, int) and kernels(thread) and self._rank_shown():
             # JupyterLab names the thread it shows only while it is in its set of stopped
             # threads; its Continue takes it out first and then asks for thread 1
             args = message["arguments"] = {**args, key: self.shown}
@@ -191,7 +162,7 @@ class VisualDebugger:
             reply["message"] = f"rank {rank} is not connected to the debugger"
             return reply
         args = {**message.get("arguments", {}), key: own}
-        if command in _RESUMING:
+        if command in RESUMING:
             self._mark_running(rank)
             self.resumed_by[rank] = command
         try:
@@ -276,8 +247,6 @@ class VisualDebugger:
     ) -> None:
         """A cell is about to run on `targets`: connect to the ranks not yet connected and
         tell them the cell's file name."""
-        from distnb.rank.debug.visual import listen
-
         self.control, self.run_id = control, run_id
         control.store.set(keys.CELL_FILE, self._cell_file())
         for info in targets:
@@ -285,51 +254,19 @@ class VisualDebugger:
             if client is not None and not client.closed:
                 continue
             try:
-                view = cluster.view(info.engine_id)
-                host, port, not_mine = view.apply_sync(listen)
-                self._connect(info.rank, self._socket(info, view, host, port), not_mine)
+                self.clients[info.rank] = links.connect(
+                    info, cluster.view(info.engine_id), control, self.breakpoints,
+                    partial(self._on_event, info.rank),
+                )  # fmt: skip
             except (DapError, OSError) as exc:  # the cell runs; this rank just does not stop
                 self.clients.pop(info.rank, None)
                 print(f"distnb: JupyterLab's debugger cannot reach rank {info.rank}: {exc}",
                       file=sys.stderr)  # fmt: skip
 
-    def _socket(self, info: RankInfo, view: Any, host: str, port: int) -> socket.socket:
-        """A connection to a rank's adapter: straight to it on this machine; on another host,
-        whose loopback it listens on, relayed through the control plane."""
-        if info.here:
-            return socket.create_connection((host, port), timeout=10)
-        from distnb.rank.debug.relay import Relay, connect_adapter
-
-        assert self.control is not None
-        channel = f"{info.rank}-{secrets.token_hex(4)}"
-        ours, theirs = socket.socketpair()
-        Relay(theirs, channel, "rank", (self.control.client(), self.control.client()))
-        view.apply_sync(connect_adapter, channel)
-        return ours
-
-    def _connect(self, rank: int, sock: socket.socket, not_mine: list[str]) -> None:
-        ready = self.initialized[rank] = threading.Event()
-        client = DapClient(sock, partial(self._on_event, rank), name=f"rank {rank}")
-        self.clients[rank] = client
-        client.request(
-            "initialize",
-            {"clientID": "distnb", "adapterID": "python", "pathFormat": "path",
-             "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True},
-        )  # fmt: skip
-        rules = [{"path": folder, "include": False} for folder in not_mine]
-        client.send_request("attach", {"justMyCode": True, "rules": rules, "subProcess": False})
-        if not ready.wait(60):  # its first start imports pydevd: seconds on a busy machine
-            raise DapError(f"rank {rank}'s debugger did not get ready within 60 s")
-        for path, breakpoints in self.breakpoints.items():
-            client.request("setBreakpoints", {"source": {"path": path}, "breakpoints": breakpoints})
-        client.request("configurationDone")
-
     def _on_event(self, rank: int, event: Message) -> None:
         name = event.get("event")
         body = dict(event.get("body") or {})
-        if name == "initialized":
-            self.initialized[rank].set()
-        elif name == "stopped" and "threadId" in body:
+        if name == "stopped" and "threadId" in body:
             self._mark_stopped(rank, body)
             self._show_stopped(rank, body)
         elif name == "continued" and "threadId" in body:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from distnb.errors import ConfigError
 
 if TYPE_CHECKING:
-    from distnb.session import Session
+    from distnb.session.core import Session
     from distnb.views.overflow import OverflowView
     from distnb.views.shapes import ShapeTableView
     from distnb.views.timeline import TimelineView
@@ -39,7 +39,10 @@ def overflow(session: Session, name: str, **options: Any) -> None:
     from distnb.rank import runtime
     from distnb.records.overflow import WatchOptions
 
-    record = WatchOptions.of(**options)
+    try:
+        record = WatchOptions.of(**options)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     session.call(runtime.overflow_watch, name, record.to_dict())
 
 

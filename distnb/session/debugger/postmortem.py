@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError, RankError, SessionError
 from distnb.records.cell import RankInfo
-from distnb.session.cells import CellRequest
-from distnb.session.failures import debuggable
+from distnb.session.runs.failures import debuggable
+from distnb.session.runs.request import CellRequest
 
 if TYPE_CHECKING:
-    from distnb.session import Session
+    from distnb.session.core import Session
 
 __all__ = ["POST_MORTEM", "post_mortem_request", "route_debugger", "unroute_debugger"]
 

@@ -1,6 +1,6 @@
 """A script run on every rank (`%dist_run train.py --lr 0.1`), as one cell of the session.
 
-The script goes through the same machinery as a cell (`CellRun`): output per rank, the checked
+The script goes through the same machinery as a cell (`run.CellRun`): output per rank, the checked
 runtime, the referee, timeouts, Ctrl-C and a dead rank are handled alike, and its errors are a
 cell's errors. What differs is said here: the code the ranks run (`distnb.rank.scripts.run_main`,
 which runs the file as `__main__`) and the name messages give the run (the script's, not the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from distnb.errors import ConfigError
 from distnb.records.cell import RankInfo
-from distnb.session.cells import CellRequest
+from distnb.session.runs.request import CellRequest
 
 __all__ = ["ScriptRequest", "script_request"]
 

@@ -1,4 +1,4 @@
-"""The processes of a cluster as the kernel sees them (psutil): alive or not, stopped, their role.
+"""The processes of a cluster as the kernel sees them (psutil): alive or not, stopped, ended.
 
 Only reads of /proc and signals: nothing here waits for a process's exit status, which belongs
 to whoever started it (see `Cluster.exit_status`).
@@ -15,18 +15,13 @@ from typing import Any
 
 import psutil
 
-from distnb.session.watch import Member, Role
-
 __all__ = [
     "Exits",
     "alive",
-    "child_role",
-    "is_engine",
     "mpi_segments",
     "parent_pid",
     "proc_cmd",
     "process_of",
-    "role_of",
     "send",
     "stopped",
     "wait_dead",
@@ -41,37 +36,6 @@ def process_of(launcher: Any) -> psutil.Process | None:
     """The process an ipyparallel launcher started, if it started one here."""
     proc = getattr(launcher, "process", None)
     return proc if isinstance(proc, psutil.Process) else None
-
-
-def role_of(proc: psutil.Process, engine_launchers: set[int]) -> Role:
-    """The role of a launcher's own process (`engine_launchers`: the engine sets' pids)."""
-    if proc.pid not in engine_launchers:
-        return Role.CONTROLLER
-    return Role.ENGINE if is_engine(proc) else Role.LAUNCHER  # mpiexec, srun, ssh
-
-
-def child_role(proc: psutil.Process, parent: Member | None) -> Role:
-    """The role of a process a launched process started."""
-    cmd = " ".join(proc_cmd(proc))
-    if "ipyparallel.engine.nanny" in cmd:
-        return Role.NANNY
-    if parent is None or parent.role is Role.ENGINE:
-        # a rank's own children (DataLoader workers, compile workers): they come and go, and
-        # a forked one has the engine's command line
-        return Role.OTHER
-    if parent.role is Role.CONTROLLER:
-        return Role.HEART  # the controller's one child when it runs with threads
-    return Role.ENGINE if is_engine(proc) else Role.OTHER  # under mpiexec, srun, ...
-
-
-def is_engine(proc: psutil.Process) -> bool:
-    """A Python running an engine (not a launcher such as mpiexec whose arguments name one)."""
-    cmd = proc_cmd(proc)
-    if not cmd or "python" not in os.path.basename(cmd[0]):
-        return False
-    return any(
-        w in ("distnb.rank.engine", "ipyparallel.engine") or w.endswith("ipengine") for w in cmd
-    )
 
 
 def parent_pid(proc: psutil.Process) -> int | None:

@@ -1,4 +1,4 @@
-"""Engines through Slurm: a job step inside an allocation, or a job of their own.
+"""Engines through Slurm (the `Slurm` kind): a job step inside an allocation, or a job of their own.
 
 Inside an allocation (`salloc`, an `sbatch` script: `SLURM_JOB_ID` is set) the engines are one
 `srun` step of it, run by ipyparallel's MPI launcher with `srun` for `mpiexec`: srun is the
@@ -22,13 +22,16 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from distnb.errors import DistnbWarning
+from distnb.errors import ConfigError, DistnbWarning
+from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, EngineKind, engine_command
+from distnb.session.control import is_loopback
 
-__all__ = ["allocation", "engine_set", "parse_args", "settings", "shared_folder", "waiting"]
+__all__ = ["Slurm", "allocation", "parse_args", "shared_folder", "waiting"]
 
 _COMMAND_S = 10.0  # a Slurm command (sbatch, squeue, scancel) that takes longer has failed
 # States in which a job will never run engines (squeue's long names).
@@ -37,6 +40,55 @@ _ENDED = {
     "PREEMPTED", "REVOKED", "TIMEOUT",
 }  # fmt: skip
 _GONE = ("already completing or completed", "Invalid job id")  # scancel: nothing to cancel
+
+
+class Slurm(EngineKind):
+    """Ranks through Slurm: `args` are the user's options for srun inside an allocation, for
+    sbatch elsewhere (`"--partition gpu --time 1:00:00"`, or a list); `python` the nodes' (this
+    one's path by default, as on a shared home)."""
+
+    name = "slurm"
+    heart_misses = 30  # as for ssh: a node cut off is only told by the heartbeat's silence
+    away = True
+
+    def __init__(
+        self, args: str | Sequence[str], host: str, n: int | None = None, python: str = ""
+    ) -> None:
+        on_this_node = os.environ.get("SLURM_JOB_NUM_NODES") == "1" and os.environ.get(
+            "SLURMD_NODENAME"
+        )
+        if is_loopback(host) and not on_this_node:
+            raise ConfigError(
+                f"ranks on Slurm's nodes cannot reach the control plane on {host}: name "
+                "this machine's address on the network the nodes share, e.g. --host 10.0.0.1"
+            )
+        self.args = parse_args(args)
+        self.python = python or sys.executable
+
+    def ranks(self, n: int | None, backend: str) -> int:
+        """`n`; inside an allocation, its tasks by default."""
+        if n is None and os.environ.get("SLURM_NTASKS", "").isdigit() and allocation():
+            return int(os.environ["SLURM_NTASKS"])
+        return n if n is not None else DEFAULT_CPU_RANKS
+
+    def launcher(self) -> type:
+        return _engine_set()
+
+    def launcher_settings(self) -> dict[str, Any]:
+        """distnb's engine, and the user's options for srun or sbatch."""
+        engine_cmd = engine_command(self.python)
+        if allocation():
+            return {"engine_cmd": engine_cmd, "mpi_cmd": ["srun"], "mpi_args": list(self.args)}
+        return {"engine_cmd": engine_cmd, "submit_command": ["sbatch", *self.args]}
+
+    def profile_parent(self) -> str:
+        return shared_folder()
+
+    def queued(self, engine_sets: list[Any]) -> str:
+        return waiting(engine_sets)
+
+    def __repr__(self) -> str:
+        return f"Slurm(args={self.args!r})"
 
 
 def allocation() -> str:
@@ -58,7 +110,7 @@ def shared_folder() -> str:
     return folder
 
 
-def engine_set() -> type:
+def _engine_set() -> type:
     """ipyparallel's launcher of the engines: an srun step, or an sbatch job (see the module)."""
     if allocation():
         from ipyparallel.cluster.launcher import MPIEngineSetLauncher
@@ -94,14 +146,6 @@ def engine_set() -> type:
                 return ""
 
     return Job
-
-
-def settings(args: tuple[str, ...], python: str) -> dict[str, Any]:
-    """The launcher's settings: distnb's engine, and the user's options for srun or sbatch."""
-    engine_cmd = [python, "-m", "distnb.rank.engine"]
-    if allocation():
-        return {"engine_cmd": engine_cmd, "mpi_cmd": ["srun"], "mpi_args": list(args)}
-    return {"engine_cmd": engine_cmd, "submit_command": ["sbatch", *args]}
 
 
 def waiting(engine_sets: list[Any]) -> str:

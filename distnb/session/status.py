@@ -1,7 +1,7 @@
 """`%dist_status` on the kernel's side: ask every live rank what it runs with, name the dead.
 
-A rank whose process is gone is not asked; its state says how it ended, and the OOM killer is
-named when the evidence says so (`distnb.session.oom`). A rank that does not answer within
+A rank whose process is gone is not asked; its state says how it died, and the OOM killer is
+named when the evidence says so (`distnb.session.cluster.oom`). A rank that does not answer within
 `PROBE_TIMEOUT_S` (stopped, or blocked in native code holding the GIL) shows `no answer`.
 """
 
@@ -10,17 +10,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from distnb.records.cell import RankInfo
 from distnb.records.resources import RankResources
-from distnb.session.oom import OOM_TEXT, OomWatch, ended_text
-from distnb.session.remote import REMOTE_LOST
+from distnb.session.cluster.members import LEFT_CLUSTER
+from distnb.session.cluster.oom import OOM_TEXT
 from distnb.views.display import in_kernel
 from distnb.views.status import ALIVE, Status
 
 if TYPE_CHECKING:
-    from distnb.session import Session
+    from distnb.session.core import Session
 
 __all__ = ["NO_CLUSTER", "PROBE_TIMEOUT_S", "prepare", "status"]
 
@@ -41,20 +39,20 @@ def status(session: Session) -> Status:
     environment:
       OMP_NUM_THREADS=1  ranks 0-1
     """
-    if not session.running:
+    if session.cluster is None:
         return Status((), NO_CLUSTER)
     states = [_state(session, info) for info in session.ranks]
     alive = [info for info, state in zip(session.ranks, states) if state == ALIVE]
     # A broken cluster (its controller gone) would leave the probe waiting for its timeout:
     # its living ranks are shown alive, without figures.
-    found = _probe(session, alive) if not session._broken else None
+    found = _probe(session, alive) if not session.broken else None
     if found is not None:
         states = [
             NO_ANSWER if s == ALIVE and r.rank not in found else s
             for r, s in zip(session.ranks, states)
         ]
     found = found or {}
-    notes = [session._broken] if session._broken else []
+    notes = [session.broken] if session.broken else []
     notes += [
         f"rank {info.rank} (pid {info.pid}) {OOM_TEXT}: give it less to hold (a smaller batch or "
         "model, fewer ranks per host), then run %dist_restart."
@@ -74,37 +72,33 @@ def prepare(session: Session) -> None:
     widgets (tqdm.auto bars, ipywidgets) text, since nothing here can show them."""
     from distnb.rank import textmode
 
-    session.oom = OomWatch([r.pid for r in session.ranks if r.here])
+    assert session.cluster is not None
+    session.cluster.members.count_ooms(r.pid for r in session.ranks if r.here)
     if not in_kernel():
         session.call(textmode.use_text_frontend)
 
 
 def _state(session: Session, info: RankInfo) -> str:
-    """`alive`, or how a local rank's process ended; a rank on another host is alive while its
+    """`alive`, or how a local rank's process died; a rank on another host is alive while its
     engine is in the cluster (the controller drops it when its nanny or heartbeat says so)."""
-    assert session._cluster is not None
+    cluster = session.cluster
+    assert cluster is not None
     if not info.here:
-        client = session._cluster.client
-        return ALIVE if client is not None and info.engine_id in client.ids else REMOTE_LOST
-    if _running(info.pid):
+        client = cluster.client
+        return ALIVE if client is not None and info.engine_id in client.ids else LEFT_CLUSTER
+    if cluster.members.running(info.pid):
         return ALIVE
-    return ended_text(info.pid, session._cluster.exit_status(info.pid, wait=0.2), session.oom)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
+    return cluster.members.how_died(info.pid, wait=0.2)
 
 
 def _probe(session: Session, ranks: list[RankInfo]) -> dict[int, RankResources]:
     """Each rank's resources, asked of all at once; ranks that do not answer are left out."""
     from distnb.rank import resources
 
-    assert session._cluster is not None
+    cluster = session.cluster
+    assert cluster is not None
     pending: list[tuple[int, Any]] = [
-        (info.rank, session._cluster.view(info.engine_id).apply_async(resources.probe, info.rank))
+        (info.rank, cluster.view(info.engine_id).apply_async(resources.probe, info.rank))
         for info in ranks
     ]
     deadline = time.monotonic() + PROBE_TIMEOUT_S

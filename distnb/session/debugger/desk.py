@@ -39,7 +39,7 @@ _SWITCH = re.compile(r"\s*rank\s+(\d+)\s*$")
 
 
 class RunView(Protocol):
-    """What the desk needs of the running cell (`distnb.session.cells.CellRun`)."""
+    """What the desk needs of the running cell (`distnb.session.runs.run.CellRun`)."""
 
     def states(self) -> dict[int, RankState]: ...
     def written(self, rank: int) -> tuple[int, int]: ...

@@ -1,23 +1,30 @@
-"""IPython magics: argument parsing and display only; each calls one `Session` method."""
+"""distnb's magics: argument parsing and display only; each calls one `Session` method."""
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
 
-import distnb
 from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
-from distnb.session import Session
+from distnb.magics.args import (
+    parse,
+    parse_command_line,
+    rank_list,
+    seconds,
+    size,
+    whole,
+)
+from distnb.session import Session, start
 from distnb.session.automode import AutoMode
-from distnb.session.data import parse_size
 from distnb.session.options import REGISTER_TIMEOUT_S
-from distnb.views.display import in_kernel, show
-from distnb.views.status import Status, show_where
+from distnb.session.status import NO_CLUSTER
+from distnb.views.display import show
+from distnb.views.mismatch import show_mismatch
+from distnb.views.status import Status
 
 
 @magics_class
@@ -43,20 +50,20 @@ class DistMagics(Magics):
     @line_magic
     def dist_start(self, line: str) -> Any:
         """Start ranks: `%dist_start -n 2 [--backend gloo] [--timeout 60]`."""
-        args = _parse(self.dist_start, line)
+        args = parse(self.dist_start, line)
         if self.session is not None and self.session.running:
             raise UsageError(
                 "a distnb cluster is already running: use it, or %dist_restart / %dist_stop first"
             )
         try:
-            self.session = distnb.start(
-                _whole(args.n, "-n") if args.n is not None else None,
+            self.session = start(
+                whole(args.n, "-n") if args.n is not None else None,
                 backend=args.backend,
-                timeout=_seconds(args.timeout),
+                timeout=seconds(args.timeout),
                 engines=args.engines,
                 host=args.host,
                 check=not args.no_check,
-                register_timeout=_seconds(args.register_timeout, "--register-timeout")
+                register_timeout=seconds(args.register_timeout, "--register-timeout")
                 or REGISTER_TIMEOUT_S,
                 **{name: getattr(args, name) for name in ("hosts", "python", "slurm")},
             )
@@ -69,7 +76,7 @@ class DistMagics(Magics):
     def dist_status(self, line: str) -> Any:
         """Show each rank: host, pid, device, backend."""
         if self.session is None:
-            return Status((), "distnb: no cluster running; start one with %dist_start")
+            return Status((), NO_CLUSTER)
         return self.session.status()
 
     @line_magic
@@ -88,7 +95,7 @@ class DistMagics(Magics):
     def dist_debug(self, line: str) -> None:
         """Post-mortem: `%dist_debug [RANK]` opens the debugger where the last cell failed on
         RANK (default: the first rank that failed), with that frame's locals."""
-        rank = _parse(self.dist_debug, line).rank
+        rank = parse(self.dist_debug, line).rank
         if rank is not None and not rank.isdigit():
             raise UsageError(f"RANK is a rank's number, not {rank!r}: e.g. %dist_debug 1")
         try:
@@ -102,7 +109,7 @@ class DistMagics(Magics):
     def dist_pdb(self, line: str) -> None:
         """`%dist_pdb on|off`: open the debugger on the first failing rank whenever an
         %%allranks cell or %dist_run fails, as IPython's %pdb does for the kernel."""
-        args = _parse(self.dist_pdb, line)
+        args = parse(self.dist_pdb, line)
         self.pdb = args.state == "on" if args.state else not self.pdb
         if self.session is not None:
             self.session.pdb = self.pdb
@@ -124,15 +131,15 @@ class DistMagics(Magics):
     @cell_magic
     def allranks(self, line: str, cell: str) -> None:
         """Run the cell on every rank: `%%allranks [--ranks 0,1] [--timeout 30]`."""
-        args = _parse(self.allranks, line)
+        args = parse(self.allranks, line)
         session = self._running()
-        ranks = _rank_list(args.ranks) if args.ranks is not None else None
+        ranks = rank_list(args.ranks) if args.ranks is not None else None
         try:
             result = session.run(
                 # Line 1 of the notebook cell is the magic: keep line numbers the same on ranks.
                 "# %%allranks\n" + cell,
                 ranks=ranks,
-                timeout=_seconds(args.timeout),
+                timeout=seconds(args.timeout),
                 check=not args.unchecked,
                 shapes=args.shapes,
                 timeline=args.timeline,
@@ -140,12 +147,7 @@ class DistMagics(Magics):
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
         except CollectiveMismatchError as err:
-            if err.mismatch is not None and in_kernel():
-                from IPython.display import display
-
-                from distnb.views.mismatch import MismatchView
-
-                display(MismatchView(err.mismatch))
+            show_mismatch(err)
             raise
         for view in result.views:
             show(view)
@@ -167,7 +169,7 @@ class DistMagics(Magics):
         """Do replicas agree? `%dist_diff model opt [--grads] [--buffers] [--atol X]`: each
         tensor compared, bit for bit, across the ranks that should hold it identically.
         `%dist_diff model --watch [--every N] [--optim opt] [--raise]`, `--report`, `--stop`."""
-        args = _parse(self.dist_diff, line)
+        args = parse(self.dist_diff, line)
         session, name = self._running(), args.names[0]
         options = {"grads": args.grads, "buffers": args.buffers, "atol": args.atol}
         try:
@@ -186,7 +188,7 @@ class DistMagics(Magics):
     @line_magic
     def dist_shapes(self, line: str) -> None:
         """Per-rank shape table: `%dist_shapes [NAME ...] [--all]`; differences come first."""
-        args = _parse(self.dist_shapes, line)
+        args = parse(self.dist_shapes, line)
         session = self._running()
         show(session.shapes(args.names or None, all=args.all))
 
@@ -196,8 +198,8 @@ class DistMagics(Magics):
     @line_magic
     def dist_timeline(self, line: str) -> None:
         """Collectives per rank over time: `%dist_timeline [--cells N] [--export PATH.json]`."""
-        args = _parse(self.dist_timeline, line)
-        cells = _whole(args.cells, "--cells") if args.cells is not None else None
+        args = parse(self.dist_timeline, line)
+        cells = whole(args.cells, "--cells") if args.cells is not None else None
         view = self._running().timeline(cells)
         if args.export:
             view.export_chrome_trace(args.export)
@@ -216,7 +218,7 @@ class DistMagics(Magics):
     @line_magic
     def dist_overflow(self, line: str) -> None:
         """Trace inf/NaN and fp16/bf16 headroom per module, forward and backward, per rank."""
-        args = _parse(self.dist_overflow, line)
+        args = parse(self.dist_overflow, line)
         session = self._running()
         try:
             if args.report:
@@ -232,9 +234,9 @@ class DistMagics(Magics):
             else:
                 session.overflow(
                     args.name,
-                    frames=_whole(args.frames, "--frames"),
-                    trace_batches=_rank_list(args.trace_batches) if args.trace_batches else (),
-                    abort_after=_whole(args.abort_after, "--abort-after")
+                    frames=whole(args.frames, "--frames"),
+                    trace_batches=rank_list(args.trace_batches) if args.trace_batches else (),
+                    abort_after=whole(args.abort_after, "--abort-after")
                     if args.abort_after is not None
                     else None,
                     stop_on_nonfinite=args.stop,
@@ -255,19 +257,19 @@ class DistMagics(Magics):
         A script written for `torchrun --nproc-per-node N` runs unchanged; options of
         %dist_run come before the script, everything after it is the script's.
         """
-        args = _parse_command_line(self.dist_run, line)
+        args = parse_command_line(self.dist_run, line)
         session = self._running()
         try:
             session.run_script(
                 args.script,
                 args.args,
-                timeout=_seconds(args.timeout),
+                timeout=seconds(args.timeout),
                 check=not args.unchecked,
             )
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
         except CollectiveMismatchError as err:
-            _show_mismatch(err)
+            show_mismatch(err)
             raise
 
     @magic_arguments()
@@ -275,47 +277,27 @@ class DistMagics(Magics):
     @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
     @argument("--timeout", type=str, default=None, help="seconds before a hang report")
     @argument("--unchecked", action="store_true", help="run without collective checks")
-    @line_cell_magic
-    def dist_auto(self, line: str, cell: str | None = None) -> None:
+    @line_magic
+    def dist_auto(self, line: str) -> None:
         """Auto mode: `%dist_auto on [--ranks 0,1] [--timeout S] [--unchecked]` runs every
         following cell on the ranks, as with %%allranks, until `%dist_auto off`; a cell that
-        starts with %%local runs in the kernel meanwhile. `%%dist_auto` (what auto mode writes
-        in front of each cell) runs one cell that way."""
-        if cell is not None:
-            return self._auto_cell(cell)
-        args = _parse(self.dist_auto, line)
-        mode = AutoMode.find(self.shell)
-        on = args.state == "on" if args.state else not (mode is not None and mode.active)
+        starts with %%local runs in the kernel meanwhile (`%%dist_auto`, which auto mode writes
+        in front of each cell, is the mode's own: `distnb.session.automode`)."""
+        args = parse(self.dist_auto, line)
+        mode = AutoMode.of(self.shell)
+        on = args.state == "on" if args.state else not mode.active
         try:
             if on:
                 self._running().auto(
                     True,
-                    ranks=_rank_list(args.ranks) if args.ranks is not None else None,
-                    timeout=_seconds(args.timeout),
+                    ranks=rank_list(args.ranks) if args.ranks is not None else None,
+                    timeout=seconds(args.timeout),
                     check=not args.unchecked,
                 )
-            elif self.session is not None:
-                self.session.auto(False)
-            elif mode is not None:
+            else:
                 mode.disable()
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
-        return None
-
-    def _auto_cell(self, cell: str) -> None:
-        mode = AutoMode.find(self.shell)
-        active = mode is not None and mode.active
-        if in_kernel():
-            show_where(mode.label if mode is not None and active else "all ranks")
-        try:
-            result = mode.run(cell) if mode is not None and active else self._running().run(cell)
-        except (ConfigError, SessionError) as exc:
-            raise UsageError(str(exc)) from None
-        except CollectiveMismatchError as err:
-            _show_mismatch(err)
-            raise
-        for view in result.views:
-            show(view)
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:
@@ -333,14 +315,14 @@ class DistMagics(Magics):
     def dist_pull(self, line: str) -> None:
         """Each rank's value of NAME into the kernel's NAME, a list in rank order (tensors on
         the CPU): `%dist_pull losses [--ranks 0,1] [--limit 1GiB] [--as per_rank]`."""
-        args = _parse(self.dist_pull, line)
+        args = parse(self.dist_pull, line)
         session = self._running()
         if args.as_name is not None and len(args.names) != 1:
             raise UsageError("--as names one value: %dist_pull losses --as per_rank")
-        ranks = _rank_list(args.ranks) if args.ranks is not None else None
+        ranks = rank_list(args.ranks) if args.ranks is not None else None
         for name in args.names:
             try:
-                values = session.pull(name, ranks=ranks, limit=_size(args.limit))
+                values = session.pull(name, ranks=ranks, limit=size(args.limit))
             except ConfigError as exc:
                 raise UsageError(str(exc)) from None
             var = args.as_name or name.rsplit(".", 1)[-1]
@@ -355,16 +337,16 @@ class DistMagics(Magics):
     def dist_push(self, line: str) -> None:
         """Bind the kernel's values to the same names on every rank:
         `%dist_push lr targets [--ranks 0,1] [--limit 1GiB]`."""
-        args = _parse(self.dist_push, line)
+        args = parse(self.dist_push, line)
         session = self._running()
         ns = self._user_ns()
         missing = [n for n in args.names if n not in ns]
         if missing:
             raise UsageError(f"the kernel has no {', '.join(missing)}: assign it here first")
         values = {n: ns[n] for n in args.names}
-        ranks = _rank_list(args.ranks) if args.ranks is not None else None
+        ranks = rank_list(args.ranks) if args.ranks is not None else None
         try:
-            session.push(ranks=ranks, limit=_size(args.limit), **values)
+            session.push(ranks=ranks, limit=size(args.limit), **values)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
 
@@ -375,76 +357,3 @@ class DistMagics(Magics):
         if self.session is None or not self.session.running:
             raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
         return self.session
-
-
-def _parse(magic: Any, line: str) -> Any:
-    try:
-        return parse_argstring(magic, line)
-    except UsageError as exc:
-        name = magic.__name__
-        raise UsageError(f"{exc}\nUsage: %{name} {_usage(magic)} (see %{name}?)") from None
-
-
-def _usage(magic: Any) -> str:
-    return (magic.parser.format_usage() or "  ").split(" ", 2)[-1].strip()
-
-
-def _whole(text: str, flag: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"{flag} takes a whole number, got {text!r}; e.g. {flag} 2") from None
-    if value < 1:
-        raise UsageError(f"{flag} must be at least 1, got {value}; e.g. {flag} 2")
-    return value
-
-
-def _seconds(text: str | None, flag: str = "--timeout") -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{flag} takes seconds, got {text!r}; e.g. {flag} 30") from None
-    if not value > 0:
-        raise UsageError(f"{flag} must be > 0 seconds, got {text}; e.g. {flag} 30")
-    return value
-
-
-def _rank_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in shlex.split(text.replace(",", " "))]
-    except ValueError:
-        raise UsageError(
-            f"--ranks takes comma-separated ranks, got {text!r}; e.g. --ranks 0,1"
-        ) from None
-
-
-def _show_mismatch(err: CollectiveMismatchError) -> None:
-    """In Jupyter, a mismatch also shows as a table (the exception follows it)."""
-    if err.mismatch is not None and in_kernel():
-        from IPython.display import display
-
-        from distnb.views.mismatch import MismatchView
-
-        display(MismatchView(err.mismatch))
-
-
-def _parse_command_line(magic: Any, line: str) -> Any:
-    """`_parse`, split as a shell splits (a script's `'two words'` arrives as `two words`)."""
-    try:
-        words = shlex.split(line)
-    except ValueError as exc:
-        raise UsageError(f"{exc} in {line!r}: close the quote") from None
-    try:
-        return magic.parser.parse_args(words)
-    except UsageError as exc:
-        name = magic.__name__
-        raise UsageError(f"{exc}\nUsage: %{name} {_usage(magic)} (see %{name}?)") from None
-
-
-def _size(text: str | None) -> int | None:
-    try:
-        return parse_size(text) if text is not None else None
-    except ConfigError as exc:
-        raise UsageError(f"--limit: {exc}") from None

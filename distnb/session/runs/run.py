@@ -2,7 +2,8 @@
 
 The kernel's main thread waits here in short slices, woken by ipyparallel's result callbacks, so
 it can show output live, notice a dead rank at once, honour the cell's deadline and turn Ctrl-C
-into an interrupt of the ranks. What ranks send back is translated by `distnb.session.failures`.
+into an interrupt of the ranks. What ranks send back is translated by `failures`; the errors
+that end a run early are built by `endings`.
 """
 
 from __future__ import annotations
@@ -12,28 +13,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from distnb import errors
 from distnb.ranklist import format_ranks
-from distnb.records.beacon import Beacon, BeaconState
-from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
-from distnb.session import visual
+from distnb.records.beacon import BeaconState
+from distnb.records.cell import RankFailure, RankInfo, RankState
 from distnb.session.cluster import Cluster
+from distnb.session.cluster.deaths import death_reason
+from distnb.session.cluster.members import Member, Role
 from distnb.session.control import ControlPlane
-from distnb.session.debug import Desk, frontend_stdin
-from distnb.session.failures import error_of, is_engine_death, stuck_message, to_failure
-from distnb.session.oom import OomWatch, ended_text
-from distnb.session.remote import REMOTE_LOST
-from distnb.session.watch import (
-    Member,
-    Role,
-    death_report,
-    loss_reason,
-    stopped_detail,
-    stopped_message,
-)
+from distnb.session.debugger import visual
+from distnb.session.debugger.desk import Desk, frontend_stdin
+from distnb.session.runs import endings
+from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
+from distnb.session.runs.referee import DesyncReferee
+from distnb.session.runs.request import CellRequest, CellResult
 from distnb.views.output import CellOutput, RankOutput
 
 # How long ranks get to stop after an interrupt before distnb says they are stuck.
@@ -46,72 +41,7 @@ REFEREE_AFTER_S = 0.005
 # How long to wait for a finished rank's last output messages.
 OUTPUT_WAIT_S = 2.0
 # How often a running cell looks for dead processes (one poll() of their pidfds, ~5 us).
-WATCH_EVERY_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class CellRequest:
-    """One cell to run: its notebook number, the session's run id, where and how."""
-
-    cell: int
-    run_id: int
-    code: str
-    targets: tuple[RankInfo, ...]
-    check: bool = True
-    timeout: float | None = None
-    everyone: bool = True  # every rank of the world runs it (not `--ranks`)
-
-    @property
-    def where(self) -> str:
-        return f"cell In[{self.cell}]"
-
-    @property
-    def noun(self) -> str:
-        """What a rank finishes: `the cell` (`the script` for a script)."""
-        return "the cell"
-
-
-@dataclass(frozen=True, slots=True)
-class CellResult:
-    """What a cell did on each rank: its output in rank order, and the ranks' failures.
-
-    `views` holds what the caller asked to see after the cell (shape table, timeline).
-    """
-
-    cell: int
-    run_id: int
-    outputs: tuple[RankOutput, ...]
-    failures: tuple[RankFailure, ...] = ()
-    views: tuple[Any, ...] = ()
-
-    def stdout(self, rank: int) -> str:
-        return next(o.stdout for o in self.outputs if o.rank == rank)
-
-    def result(self, rank: int) -> str | None:
-        """The rank's last-expression value as text, if the cell ended with one."""
-        out = next(o for o in self.outputs if o.rank == rank)
-        for content in reversed(out.displays):
-            if content.get("execute_result"):
-                return str(content.get("data", {}).get("text/plain"))
-        return None
-
-
-class Referee:
-    """Watches a running cell from the kernel; the checked runtime plugs in here.
-
-    `tick` runs on every wake of the wait loop with the ranks' states so far; `waiters` keeps,
-    per run id, the beacons of the ranks it released.
-    """
-
-    waiters: dict[int, list[Beacon]]
-
-    def __init__(self) -> None:
-        self.waiters = {}
-
-    def tick(
-        self, request: CellRequest, states: dict[int, RankState], failures: dict[int, str]
-    ) -> None:
-        pass
+DEATHS_EVERY_S = 0.1
 
 
 class CellRun:
@@ -129,12 +59,10 @@ class CellRun:
         cluster: Cluster,
         control: ControlPlane,
         request: CellRequest,
-        referee: Referee,
+        referee: DesyncReferee | None,
         on_death: Callable[[str], None],
-        oom: OomWatch | None = None,
     ) -> None:
         self.cluster = cluster
-        self.oom = oom
         self.control = control
         self.request = request
         self.targets = list(request.targets)
@@ -150,8 +78,8 @@ class CellRun:
 
     def start(self) -> CellRun:
         req = self.request
-        self._watch()  # a process that died since the last cell
-        self.cluster.mark_logs(t.pid for t in self.targets)
+        self._check_deaths()  # a process that died since the last cell
+        self.cluster.members.mark_logs(t.pid for t in self.targets)
         self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin(), req.everyone)
         if self.visual is not None:
             self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
@@ -169,7 +97,7 @@ class CellRun:
         timeout = self.request.timeout
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
-        watched = start
+        looked = start
         try:
             while not self._all_done():
                 self._wake.wait(0.05)
@@ -188,10 +116,10 @@ class CellRun:
                 if RankState.DIED in states.values():
                     self._settle_after_death()
                     break
-                if time.monotonic() - watched >= WATCH_EVERY_S:
-                    self._watch()
-                    watched = time.monotonic()
-                if time.monotonic() - start >= REFEREE_AFTER_S:
+                if time.monotonic() - looked >= DEATHS_EVERY_S:
+                    self._check_deaths()
+                    looked = time.monotonic()
+                if self.referee is not None and time.monotonic() - start >= REFEREE_AFTER_S:
                     self.referee.tick(self.request, states, failures)
                 if deadline is not None and time.monotonic() >= deadline:
                     self._raise_timeout(time.monotonic() - start - self.paused_s)
@@ -209,7 +137,7 @@ class CellRun:
         outputs = self._outputs()
         self.output.finish(outputs)
         ended = self._failures()
-        self.cluster.mark_logs(t.pid for t in self.targets)
+        self.cluster.members.mark_logs(t.pid for t in self.targets)
         return CellResult(self.request.cell, self.request.run_id, tuple(outputs), ended)
 
     # --- state ---------------------------------------------------------------------------
@@ -248,11 +176,7 @@ class CellRun:
         ranks = [t.rank for t in running]
         waits = self.beacon_words()
         stacks = self.control.stacks([r for r in ranks if r not in waits], timeout=0.5)
-        parts = []
-        for rank in ranks:
-            where = waits.get(rank) or stacks.get(rank, "").split("\n", 1)[0] or "running"
-            parts.append(f"rank {rank} {where}")
-        return f"{self.request.where} interrupted: " + "; ".join(parts)
+        return endings.where_running(self.request.where, ranks, waits, stacks)
 
     def _all_done(self) -> bool:
         return all(ar.done() for ar in self.results.values())
@@ -270,7 +194,7 @@ class CellRun:
             error = error_of(ar)
             if error is None:
                 states[rank] = RankState.FINISHED
-            elif is_engine_death(error):
+            elif engine_died(error):
                 states[rank] = RankState.DIED
             else:
                 states[rank] = RankState.FAILED
@@ -299,7 +223,7 @@ class CellRun:
             error = error_of(ar) if ar is not None else None
             if error is None or info in died:
                 continue
-            if is_engine_death(error):
+            if engine_died(error):
                 died.append(info)
             else:
                 failures.append(to_failure(info.rank, error))
@@ -311,39 +235,19 @@ class CellRun:
         # Before the cell was sent, a rank died after the last cell: no line of this one.
         sent = self.output is not None
         when = f" in {self.request.where}" if sent else f" before {self.request.where}"
-        code = self.request.code if sent else None
-        hows = {info.rank: self._how(info) for info in died}
-        lines = []
-        shown: set[str] = set()  # ranks under mpiexec share its log: shown once, unattributed
-        for info in died:
-            path = self.cluster.log_path(info.pid)
-            log = self.cluster.log_since_mark(info.pid) if path not in shown else ""
-            shared = self.cluster.log_shared(info.pid)
-            shown.add(path)
-            lines.extend(
-                death_report(info, hows[info.rank], when, log, None if shared else code, shared)
-            )
-            failures.append(RankFailure(info.rank, "RankDied", hows[info.rank], ""))
+        members = self.cluster.members
+        hows = {info.rank: members.how_died(info.pid, info.here) for info in died}
         first = Member(died[0].pid, Role.ENGINE)
-        self.on_death(loss_reason(first, hows[died[0].rank], self.targets, when))
-        message = (
-            "\n".join(lines)
-            + "\nThe process group lost a member: run %dist_restart (or session.restart())."
+        self.on_death(death_reason(first, hows[died[0].rank], self.targets, when))
+        raise endings.died_error(
+            died, hows, when, self.request.code if sent else None, members, failures
         )
-        raise errors.RankDiedError(message, failures)
 
-    def _how(self, info: RankInfo) -> str:
-        """How a rank's process ended (on another host: that it left the cluster)."""
-        code = self.cluster.exit_status(info.pid)
-        if code is None and not info.here:
-            return REMOTE_LOST
-        return ended_text(info.pid, code, self.oom)
-
-    def _watch(self) -> None:
-        """Raise if a process the cluster needs is gone: a rank's engine as `RankDiedError`,
+    def _check_deaths(self) -> None:
+        """Raise if a process the cluster needs has died: a rank's engine as `RankDiedError`,
         the controller or a nanny as `SessionError` (no rank could tell: ipyparallel only
         learns of an engine's death from its nanny, and cells run through the controller)."""
-        gone = self.cluster.lost()
+        gone = self.cluster.members.dead()
         if gone is None:
             return
         by_pid = {t.pid: t for t in self.targets}
@@ -355,7 +259,8 @@ class CellRun:
             self._failures(by_pid[gone.pid])
         where = self.request.where
         when = f" while {where} ran" if self.output is not None else f" before {where}"
-        reason = loss_reason(gone, self.cluster.how(gone), self.targets, when)
+        how = self.cluster.members.how_died(gone.pid)
+        reason = death_reason(gone, how, self.targets, when)
         self.on_death(reason)
         raise errors.SessionError(reason)
 
@@ -370,43 +275,22 @@ class CellRun:
     def _raise_timeout(self, elapsed: float) -> None:
         running = self._running()
         # A stopped process (SIGSTOP, a debugger) answers nothing: no stack to wait for.
-        stopped = [t for t in running if self.cluster.stopped(t.pid)]
+        stopped = [t for t in running if self.cluster.members.stopped(t.pid)]
         stacks = self.control.stacks([t.rank for t in running if t not in stopped])
         waits = self.beacon_words()
-        reports = []
-        for info in self.targets:
-            ar = self.results[info.rank]
-            if info in stopped:
-                reports.append(RankReport(info.rank, RankState.RUNNING, *stopped_detail(info)))
-            elif not ar.done():
-                stack = stacks.get(
-                    info.rank,
-                    "(no stack: the rank did not answer; it may be "
-                    "blocked in native code holding the GIL)",
-                )
-                detail = waits.get(info.rank, "still running")
-                reports.append(RankReport(info.rank, RankState.RUNNING, detail, stack))
-            elif (error := error_of(ar)) is not None:
-                summary = to_failure(info.rank, error).summary
-                reports.append(RankReport(info.rank, RankState.FAILED, summary))
-            else:
-                reports.append(RankReport(info.rank, RankState.FINISHED))
+        ended = {}  # a done rank's error, "" for one that finished
+        for rank, ar in self.results.items():
+            if ar.done():
+                error = error_of(ar)
+                ended[rank] = to_failure(rank, error).summary if error is not None else ""
         # A stopped rank is not interrupted: the signal would wait until it is continued and
         # then land in whatever cell it runs by then.
         stuck = self._interrupt([t for t in running if t not in stopped])
         assert self.output is not None
         self.output.finish(self._outputs())
-        message = (
-            f"{self.request.where} still running on {format_ranks(t.rank for t in running)} "
-            f"after {elapsed:.1f} s (timeout {self.request.timeout:g} s). "
+        raise endings.timeout_error(
+            self.request, elapsed, running, stopped, stuck, stacks, waits, ended
         )
-        if stopped:
-            message += stopped_message(stopped) + " "
-        if stuck:
-            message += stuck_message(t.rank for t in stuck)
-        elif not stopped:
-            message += "The running ranks were interrupted; the cluster is ready."
-        raise errors.RankTimeoutError(message, reports)
 
     def _interrupt(self, running: list[RankInfo]) -> list[RankInfo]:
         """SIGINT the running ranks; return those still running after the grace period."""
@@ -429,20 +313,3 @@ def _live_metadata(ar: Any) -> Any:
     """
     stored = getattr(ar, "_metadata", None)
     return stored[0] if isinstance(stored, list) and stored else ar.metadata
-
-
-def assigned_names(code: str) -> list[str]:
-    """Top-level names a cell binds (`x = ...`, `for x in`, `with ... as x`, `def x`), in order."""
-    import ast
-
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return []
-    names: dict[str, None] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names[node.id] = None
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names[node.name] = None
-    return list(names)

@@ -1,9 +1,9 @@
-"""Which process of a cluster died, what that means, and what a dying rank last said.
+"""What the death of a cluster's process means, in words: the session's reason to stop, and the
+report of a rank that died (what it last said, where it died).
 
-Terms: a **member** is a process distnb started for a session's cluster (the controller, its
-heart monitor, an engine, an engine's nanny, a launcher such as mpiexec), with its **role**.
-The session watches the vital ones while a cell runs and before each cell, so the death of any
-of them is named at once with what it means and what to run, instead of a cell that hangs.
+The session looks for dead members (`distnb.session.cluster.members`) while a cell runs and
+before each cell, so the death of any vital one is named at once with what it means and what to
+run, instead of a cell that hangs.
 
 A rank that dies writes its last words to its log file: what the cell printed (engines echo
 it there), gloo's or NCCL's abort reason (`terminate called after throwing an instance of
@@ -17,54 +17,29 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankInfo
+from distnb.session.cluster.members import Member, Role, own_lines
 
 __all__ = [
     "RESTART",
-    "Member",
-    "Role",
-    "boards_pattern",
     "crash_site",
+    "death_reason",
     "death_report",
-    "loss_reason",
     "member_name",
-    "own_lines",
     "stopped_detail",
     "stopped_message",
 ]
 
 RESTART = "Run %dist_restart (or session.restart()) for a working cluster."
 LAST_LINES = 8  # of a dead rank's output, in its report
-_LINE_CHARS = 300
-
-# ipyparallel's log lines: "2026-11-21 09:00:00.123 [IPEngine...] ..."
-_IPP_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \[")
 # faulthandler's dump starts with this line; its frames read `  File "PATH", line N in NAME`.
 _FATAL = "Fatal Python error:"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 # IPython compiles an engine's cells to files like /tmp/ipykernel_4242/123456.py.
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Role(str, Enum):
-    """What a member of the cluster is, in the words a report uses."""
-
-    CONTROLLER = "the ipyparallel controller"
-    HEART = "the ipyparallel controller's heart monitor"
-    ENGINE = "engine"
-    NANNY = "nanny"
-    LAUNCHER = "the engines' launcher"
-    OTHER = "process"
-
-    @property
-    def vital(self) -> bool:
-        """The cluster cannot work without it (a launcher may end once its engines run)."""
-        return self in (Role.CONTROLLER, Role.HEART, Role.ENGINE, Role.NANNY)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # What the loss of each vital member means for the session.
@@ -74,15 +49,6 @@ _MEANS = {
     Role.ENGINE: "the process group lost a member",
     Role.NANNY: "that rank can no longer be interrupted, and its death would go unseen",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """A process of the cluster: its pid, role, and the pid that started it (0: a launcher)."""
-
-    pid: int
-    role: Role
-    parent: int = 0
 
 
 def member_name(member: Member, ranks: Sequence[RankInfo]) -> str:
@@ -98,26 +64,15 @@ def member_name(member: Member, ranks: Sequence[RankInfo]) -> str:
     return f"{member.role.value} (pid {member.pid})"
 
 
-def loss_reason(member: Member, how: str, ranks: Sequence[RankInfo], when: str = "") -> str:
+def death_reason(member: Member, how: str, ranks: Sequence[RankInfo], when: str = "") -> str:
     """The whole sentence for a session that lost a member, with what to run.
 
-    >>> loss_reason(Member(4240, Role.CONTROLLER), "was killed by SIGKILL", [], " in cell In[3]")
+    >>> death_reason(Member(4240, Role.CONTROLLER), "was killed by SIGKILL", [], " in cell In[3]")
     'the ipyparallel controller (pid 4240) was killed by SIGKILL in cell In[3]: the kernel can
     no longer reach the ranks (they may still be running). Run %dist_restart ...'
     """
     means = _MEANS.get(member.role, "the cluster lost a process")
     return f"{member_name(member, ranks)} {how}{when}: {means}. {RESTART}"
-
-
-def own_lines(text: str) -> list[str]:
-    """The lines of a log that the process wrote itself, not ipyparallel's logging (which is
-    what follows a crash, and would hide what the crash printed); long lines are cut."""
-    lines = []
-    for line in text.splitlines():
-        if line.strip() and not _IPP_LOG.match(line):
-            cut = line.rstrip()
-            lines.append(cut if len(cut) <= _LINE_CHARS else cut[:_LINE_CHARS] + " ...")
-    return lines
 
 
 def crash_site(lines: Sequence[str], code: str) -> str:
@@ -161,14 +116,6 @@ def death_report(
         report.append(f"  {whose}{more}:")
         report.extend("    " + line for line in shown)
     return report
-
-
-def boards_pattern(session_id: str) -> str:
-    """The files of a session's shared-memory boards (/dev/shm/distnb-...), which the reaper
-    removes if the kernel dies while a board has not been unlinked yet."""
-    from distnb.rank.checked.exchange import shm_path
-
-    return shm_path(session_id, "") + "*"
 
 
 def stopped_detail(info: RankInfo) -> tuple[str, str]:

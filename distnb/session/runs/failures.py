@@ -7,24 +7,26 @@ dead engine as an `EngineError`; `to_failure` turns either into a `RankFailure` 
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from distnb import errors
 from distnb.ranklist import format_ranks
+from distnb.records.beacon import Beacon
 from distnb.records.cell import RankFailure
 from distnb.records.collective import Mismatch
+from distnb.session.runs.referee import skipped_call
+from distnb.session.runs.request import CellResult
 
 __all__ = [
     "CHECKED_ERRORS",
     "call_error",
     "cell_error",
     "debuggable",
+    "engine_died",
     "error_of",
-    "exit_text",
-    "is_engine_death",
     "only_checked",
+    "run_error",
     "stuck_message",
     "to_failure",
 ]
@@ -47,7 +49,7 @@ def to_failure(rank: int, error: BaseException) -> RankFailure:
     )
 
 
-def is_engine_death(error: BaseException | None) -> bool:
+def engine_died(error: BaseException | None) -> bool:
     """ipyparallel's word for an engine that died while it ran the request."""
     return getattr(error, "ename", "") == "EngineError"
 
@@ -88,6 +90,31 @@ def cell_error(
     return errors.RankError(f"{where} failed on {summary}", failures)
 
 
+def run_error(
+    where: str,
+    result: CellResult,
+    call: Callable[..., list[Any]],
+    waiting: Sequence[Beacon] = (),
+) -> errors.RankError:
+    """A failed run's one exception, with what can only be learnt now that every rank is idle
+    (`call` asks the ranks, as `Session.call`): the mismatch record, or which call a rank
+    skipped (from the ranks' recorded events and the beacons of those left `waiting`)."""
+    from distnb.rank import runtime
+
+    mismatch: Mismatch | None = None
+    skipped = ""
+    if only_checked(result.failures):
+        kinds = {f.ename for f in result.failures}
+        if "CollectiveMismatchError" in kinds:
+            rank = min(f.rank for f in result.failures if f.ename == "CollectiveMismatchError")
+            mismatch = call(runtime.last_mismatch, ranks=[rank])[0]
+        else:
+            run_id = result.run_id
+            events = [e for per_rank in call(runtime.events, run_id) for e in per_rank]
+            skipped = skipped_call([e for e in events if e.run_id == run_id], waiting)
+    return cell_error(where, result.failures, mismatch, skipped)
+
+
 def debuggable(failures: Iterable[RankFailure]) -> list[int]:
     """The ranks whose failure a debugger can open, the cause first: ranks that raised an error
     of their own, then those released by the checked runtime because of it; a dead rank has no
@@ -100,19 +127,6 @@ def debuggable(failures: Iterable[RankFailure]) -> list[int]:
 def call_error(name: str, failures: Sequence[RankFailure]) -> errors.RankError:
     """A distnb function called on ranks (`Session.call`) failed on some of them."""
     return errors.RankError(f"{name} failed on {format_ranks(f.rank for f in failures)}", failures)
-
-
-def exit_text(code: int | None) -> str:
-    """`was killed by SIGABRT`, `exited with code 1`."""
-    if code is None:
-        return "died (exit status unknown)"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
 
 
 def stuck_message(ranks: Iterable[int]) -> str:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from distnb.rank.inspect import nonfinite_flags, scan_namespace
+from distnb.rank.scan import nonfinite_flags, scan_namespace
 from distnb.records.shapes import ModuleMeta, ShapeScan, TensorMeta
 from distnb.views.shape_table import build_table
 

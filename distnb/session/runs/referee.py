@@ -18,9 +18,9 @@ from distnb.ranklist import format_ranks
 from distnb.records.beacon import Beacon
 from distnb.records.cell import RankState
 from distnb.records.collective import CollectiveEvent
-from distnb.session.cells import CellRequest, Referee
 from distnb.session.control import ControlPlane
-from distnb.session.deadlock import cycle_reason, find_cycle
+from distnb.session.runs.deadlock import cycle_reason, find_cycle
+from distnb.session.runs.request import CellRequest
 
 DDP_HINT = (
     "a rank reduces a DDP bucket once every parameter in it has its gradient: a rank that ran "
@@ -65,12 +65,14 @@ def outside_reason(waiters: Sequence[Beacon], targets: Sequence[int], noun: str)
     )
 
 
-class DesyncReferee(Referee):
-    """Watches the beacons of a running cell through the session's control plane."""
+class DesyncReferee:
+    """Reads the beacons of a running cell through the session's control plane. `tick` runs on
+    every wake of the cell's wait loop with the ranks' states so far; `waiters` keeps, per run
+    id, the beacons of the ranks it released."""
 
     def __init__(self, control: ControlPlane):
-        super().__init__()
         self.control = control
+        self.waiters: dict[int, list[Beacon]] = {}
         self._released: set[int] = set()
         self._suspect: tuple[tuple[int, int], ...] = ()  # (rank, wait id) of a cycle seen once
 

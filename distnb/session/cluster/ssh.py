@@ -1,4 +1,7 @@
-"""Engines on other hosts: ending them from the kernel, bounded and all hosts at once.
+"""Engines on other hosts over ssh: the `Ssh` kind, and ending its engines from the kernel.
+
+`Ssh` takes the hosts and their ranks (`node1:4,node2:4`), the Python on the hosts and the user's
+ssh arguments, and hands them to ipyparallel's ssh launcher, with distnb's engine and keepalives.
 
 ipyparallel's ssh launcher starts each engine as the leader of a new session on its host and
 remembers its pid; its own stop asks each host in turn over ssh, with no time limit, and waits
@@ -14,25 +17,19 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = [
-    "REMOTE_LOST",
-    "SSH_OPTIONS",
-    "RemoteEngine",
-    "remote_engines",
-    "ssh_engine_set",
-    "stop",
-]
+from distnb.errors import ConfigError
+from distnb.session.cluster.engines import EngineKind, engine_command
+from distnb.session.control import is_loopback
 
-# How an engine on another host ended, as far as the kernel can tell: the controller stopped
-# hearing it (a nanny there reports a death; a cut link, only the heartbeat's silence tells).
-REMOTE_LOST = (
-    "left the cluster (the process died, or its host or the network to it went down; the exit "
-    "status of a process on another host is not known here)"
-)
+__all__ = ["SSH_OPTIONS", "RemoteEngine", "Ssh", "parse_hosts", "remote_engines", "stop"]
+
+Hosts = tuple[tuple[str, int], ...]  # (host, ranks there), in order
 # After the user's own ssh arguments (ssh keeps an option's first value): a connection whose
 # peer went silent ends within ~6 s instead of when TCP gives up (minutes).
 SSH_OPTIONS = ("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3")
@@ -48,7 +45,90 @@ _KILL = (
 )
 
 
-def ssh_engine_set() -> type:
+class Ssh(EngineKind):
+    """Ranks on other hosts over ssh: `hosts` and their ranks, `python` there (this one's path
+    by default, as on a shared home), `ssh_args` for ssh and scp (`-i key`, `-J jump`)."""
+
+    name = "ssh"
+    # Engines a silent heart monitor drops after 30 beats (3 s), not 100: a cut link only the
+    # heartbeat tells (a nanny there cannot reach the controller).
+    heart_misses = 30
+    away = True
+
+    def __init__(
+        self,
+        hosts: str | Mapping[str, int] | Hosts,
+        host: str,
+        n: int | None = None,
+        python: str = "",
+        ssh_args: Sequence[str] = (),
+    ) -> None:
+        if not hosts:
+            raise ConfigError(
+                "--engines ssh needs the hosts and their ranks: --hosts node1:4,node2:4 "
+                "(distnb.start(..., hosts={'node1': 4, 'node2': 4}))"
+            )
+        self.hosts = parse_hosts(hosts)
+        total = sum(count for _, count in self.hosts)
+        if n is not None and n != total:
+            raise ConfigError(f"-n {n} but --hosts names {total} ranks; give one or the other")
+        if is_loopback(host) and not all(is_loopback(name) for name, _ in self.hosts):
+            raise ConfigError(
+                f"ranks on other hosts cannot reach the control plane on {host}: name this "
+                "machine's address on the network the hosts share, e.g. --host 10.0.0.1 (the "
+                "ranks' traffic then uses the interface that reaches it)"
+            )
+        self.python = python or sys.executable
+        self.ssh_args = (*map(str, ssh_args), *SSH_OPTIONS)
+
+    def ranks(self, n: int | None, backend: str) -> int:
+        return sum(count for _, count in self.hosts)
+
+    def launcher(self) -> type:
+        return _engine_set()
+
+    def launcher_settings(self) -> dict[str, Any]:
+        return {
+            "engines": dict(self.hosts),
+            "remote_python": self.python,
+            "engine_cmd": engine_command(self.python),
+            "ssh_args": list(self.ssh_args),
+            "scp_args": list(self.ssh_args),
+        }
+
+    def stop(self, ipp_cluster: Any) -> list[str]:
+        return stop(remote_engines(ipp_cluster))
+
+    def __repr__(self) -> str:
+        return f"Ssh(hosts={self.hosts!r})"
+
+
+def parse_hosts(hosts: str | Mapping[str, int] | Hosts) -> Hosts:
+    """`"a:4,b:4"`, `{"a": 4, "b": 4}` or (("a", 4), ("b", 4)) as the last; a host without a
+    count gets one rank."""
+    pairs: list[tuple[str, object]] = []
+    if isinstance(hosts, str):
+        for item in filter(None, (h.strip() for h in hosts.split(","))):
+            host, _, ranks_text = item.rpartition(":") if ":" in item else (item, "", "1")
+            pairs.append((host, ranks_text))
+    else:
+        pairs.extend(hosts.items() if isinstance(hosts, Mapping) else hosts)
+    result = []
+    for name, count in pairs:
+        try:
+            ranks = int(str(count))
+        except ValueError:
+            ranks = 0
+        if not name or ranks < 1:
+            raise ConfigError(
+                f"hosts must be name:ranks pairs with ranks >= 1, e.g. node1:4,node2:4; got "
+                f"{name!r}:{count!r}"
+            )
+        result.append((str(name), ranks))
+    return tuple(result)
+
+
+def _engine_set() -> type:
     """ipyparallel's ssh engine set, whose wait for an engine's end goes quiet once `stop` has
     taken the engine over (its ssh to a host that went silent ends by `SSH_OPTIONS`' keepalive,
     and would otherwise print a traceback from ipyparallel's thread)."""

@@ -1,0 +1,84 @@
+"""`StoreBoard`: a board in the control plane's store, the path between hosts.
+
+Each slot is a key (`<prefix>/<ring>/<slot>`, value = 8-byte stamp + payload); keys are reused,
+so their number is bounded.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from typing import cast
+
+from torch._C._distributed_c10d import Store
+
+from distnb import keys
+from distnb.rank.checked.exchange.board import LAPPED, backoff_s
+
+__all__ = ["StoreBoard"]
+
+_WIRE_STAMP = struct.Struct("<Q")  # in store values: fixed byte order, no alignment concerns
+
+
+class StoreBoard:
+    """A board in the control plane's store: works across hosts, one round trip per call."""
+
+    def __init__(self, store: Store, prefix: str, depth: int) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.depth = depth
+        # Keys seen to exist: `multi_get` blocks on a missing key, so new keys are `check`ed first.
+        self.known: set[str] = set()
+
+    def key(self, ring: int, stamp: int) -> str:
+        return keys.slot(self.prefix, ring, stamp % self.depth)
+
+    def post(self, ring: int, stamp: int, payload: bytes) -> None:
+        self.store.set(self.key(ring, stamp), _raw(_WIRE_STAMP.pack(stamp) + payload))
+
+    def read(self, ring: int, stamp: int) -> bytes | None:
+        return self.read_many([ring], stamp)[0]
+
+    def read_many(self, rings: Sequence[int], stamp: int) -> list[bytes | None]:
+        keys = [self.key(r, stamp) for r in rings]
+        for k in keys:
+            if k not in self.known and self.store.check([k]):
+                self.known.add(k)
+        present = [k for k in keys if k in self.known]
+        values = dict(zip(present, self.store.multi_get(present), strict=True)) if present else {}
+        out: list[bytes | None] = []
+        for k in keys:
+            value = values.get(k)
+            if value is None or len(value) < _WIRE_STAMP.size:
+                out.append(None)
+                continue
+            got = _WIRE_STAMP.unpack_from(value)[0]
+            out.append(
+                value[_WIRE_STAMP.size :] if got == stamp else LAPPED if got > stamp else None
+            )
+        return out
+
+    def block(self, ring: int, stamp: int, timeout_ns: int, attempt: int) -> None:
+        """Sleep a little before the next poll: each poll is a round trip to the store."""
+        time.sleep(backoff_s(attempt, timeout_ns))
+
+    def window(self) -> tuple[int, int]:
+        return 0, 0  # a poll is a round trip: never spin
+
+    def waited(self, ns: int) -> None:
+        pass
+
+    def retract(self, ring: int, stamp: int) -> None:
+        self.store.set(self.key(ring, stamp), _raw(_WIRE_STAMP.pack(0)))
+
+    def forget(self) -> None:
+        pass  # store keys are reused, not created per exchange
+
+    def close(self, unlink: bool) -> None:
+        self.known.clear()
+
+
+def _raw(value: bytes) -> str:
+    # Store.set takes bytes as they are (pybind makes them a std::string); its stub says str.
+    return cast(str, value)

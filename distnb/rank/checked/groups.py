@@ -1,0 +1,214 @@
+"""The groups and channels a rank's checker has met, and the boards their fingerprints use.
+
+A group posts on one board (`c-<name>`), a point-to-point channel on one of its own
+(`p-<group>-<src>-<dst>-<tag>`). A board whose members all share a host (as `hosts` says, or
+else by `host_identity`: host name, boot and /dev/shm mount, which each rank posts at install)
+is in shared memory (`exchange.ShmBoard`); any other is in the control plane's store
+(`exchange.StoreBoard`). Boards are named after the checker's generation, so groups made after
+`forget_groups` never meet old ones.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+from torch.distributed import distributed_c10d as c10d
+
+from distnb import keys
+from distnb.rank.checked import callsite, exchange
+from distnb.rank.checked.monitor import Wait, WaitMonitor
+from distnb.records.beacon import WaitKind
+
+__all__ = [
+    "P2P_SLOT_SIZE",
+    "SHM_VAR",
+    "SLOT_SIZE",
+    "Channel",
+    "Group",
+    "Groups",
+    "group_label",
+    "host_identity",
+]
+
+SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
+P2P_SLOT_SIZE = 2 * 1024
+
+Channel = tuple[str, int, int, int]  # (group name, src, dst, tag), global ranks
+
+
+# Set to "0" on the ranks: every rank counts as a host of its own, so fingerprints go through
+# the control plane's store as between hosts (to rehearse or measure that path on one machine).
+SHM_VAR = "DISTNB_SHM"
+
+
+def host_identity() -> str:
+    """Ranks with equal identities can share /dev/shm: same host, boot and tmpfs mount."""
+    if os.environ.get(SHM_VAR) == "0":
+        return f"{socket.gethostname()}|pid{os.getpid()}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        dev = os.stat(exchange.SHM_DIR).st_dev
+    except OSError:
+        return f"{socket.gethostname()}|{boot}|noshm{os.getpid()}"
+    return f"{socket.gethostname()}|{boot}|{dev}"
+
+
+class Group:
+    """A process group as the checker sees it; `seq` counts its checked collectives.
+
+    `name` is its registered name (unique, and the same on every member); `label` the name a
+    user knows it by (`WORLD`, a mesh dimension, `group[0,1]`), for messages.
+    """
+
+    __slots__ = ("board", "index", "label", "members", "name", "peers", "seq")
+
+    def __init__(self, name: str, label: str, members: tuple[int, ...], index: int) -> None:
+        self.name = name
+        self.label = label
+        self.members = members
+        self.index = index
+        self.peers = [i for i in range(len(members)) if i != index]
+        self.seq = 0
+        self.board: exchange.Board | None = None
+
+
+class Groups:
+    """The groups and point-to-point channels one rank's checker has met, and their boards.
+
+    `Checker` is made of this: its checks find a group's board here (`group`), `p2p` a
+    channel's (`channel`), and `forget_groups` drops them all.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rank: int,
+        session_id: str,
+        hosts: Sequence[str] | None,
+        generation: int,
+        monitor: WaitMonitor,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.session_id = session_id
+        self.hosts = list(hosts) if hosts is not None else None
+        # names this checker's boards: a new install, and each `forget_groups`, get new ones
+        self.generation = str(generation)
+        self._forgotten = 0
+        self.monitor = monitor  # a wait for peers' host identities is watched like any other
+        self.groups: dict[str, Group | None] = {}  # by registered name
+        # point-to-point channels (group, src, dst, tag): boards and message counts
+        self.channels: dict[Channel, exchange.Board] = {}
+        self.sent: dict[Channel, int] = {}
+        self.received: dict[Channel, int] = {}
+        # after an irecv from any source this rank cannot tell which message comes next
+        self.p2p_blind = False
+        self._boards: list[exchange.Board] = []
+        self._host_ids: dict[int, str] = {}
+
+    def group(self, name: str) -> Group | None:
+        """The checker's view of the group registered as `name`; None if this rank is not in it."""
+        try:
+            return self.groups[name]
+        except KeyError:
+            g = self.groups[name] = self._new_group(name)
+            return g
+
+    def _new_group(self, name: str) -> Group | None:
+        pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]
+        if pg is None or c10d._rank_not_in_group(pg):
+            return None
+        members = tuple(dist.get_process_group_ranks(pg))
+        if self.rank not in members:
+            return None
+        g = Group(name, group_label(pg, members), members, members.index(self.rank))
+        if len(members) > 1:
+            g.board = self.board(f"c-{name}", members, len(members), 2, SLOT_SIZE)
+        return g
+
+    # --- boards ---------------------------------------------------------------------------------
+
+    def channel(self, key: Channel) -> exchange.Board:
+        """The board of a point-to-point channel: ring 0 carries the sender's fingerprints,
+        ring 1 the receiver's verdicts on mismatches (see `distnb.rank.checked.p2p`)."""
+        board = self.channels.get(key)
+        if board is None:
+            group, src, dst, tag = key
+            name = f"p-{group}-{src}-{dst}-{tag}"
+            board = self.board(name, (src, dst), 2, exchange.P2P_DEPTH, P2P_SLOT_SIZE)
+            self.channels[key] = board
+        return board
+
+    def board(
+        self, name: str, members: Sequence[int], rings: int, depth: int, slot: int
+    ) -> exchange.Board:
+        if self._same_host(members):
+            path = exchange.shm_path(self.session_id, f"{self.generation}-{name}")
+            spill = exchange.StoreBoard(self.store, keys.spill(self.generation, name), depth)
+            board: exchange.Board = exchange.ShmBoard(path, rings, depth, slot, spill)
+        else:
+            board = exchange.StoreBoard(self.store, keys.board(self.generation, name), depth)
+        self._boards.append(board)
+        return board
+
+    def _same_host(self, members: Sequence[int]) -> bool:
+        if self.hosts is not None:
+            return len({self.hosts[r] for r in members}) == 1
+        wanted = [r for r in members if r not in self._host_ids]
+        if wanted:
+            names = [keys.host(r) for r in wanted]
+            where = callsite.lookup()
+            start = Wait(WaitKind.START, "", "(install)", 0, "install", where, wanted)
+            self.monitor.start(start)
+            t0 = time.monotonic_ns()
+            next_tick = exchange.TICK_NS
+            try:
+                while not self.store.check(names):
+                    time.sleep(0.001)
+                    elapsed = time.monotonic_ns() - t0
+                    if elapsed >= next_tick:
+                        next_tick += exchange.TICK_NS
+                        self.monitor.tick(elapsed, range(len(wanted)))
+            finally:
+                self.monitor.end()
+            for r, value in zip(wanted, self.store.multi_get(names), strict=True):
+                self._host_ids[r] = value.decode()
+        return len({self._host_ids[r] for r in members}) == 1
+
+    def forget_groups(self) -> None:
+        """Drop every group and channel; boards made from now on have new names."""
+        self.close()
+        self._forgotten += 1
+        self.generation = f"{self.generation.split('.')[0]}.{self._forgotten}"
+        self.sent.clear()
+        self.received.clear()
+        self.p2p_blind = False
+
+    def close(self) -> None:
+        for board in self._boards:
+            board.close(unlink=True)
+        self._boards.clear()
+        self.channels.clear()
+        self.groups.clear()
+
+
+def group_label(pg: Any, members: Sequence[int]) -> str:
+    """`WORLD`, a `DeviceMesh` dimension (`tp`), the `group_desc` given to `new_group`, or the
+    group's ranks (`group[0,1]`): the name a user knows a group by."""
+    if pg is c10d._get_default_group():
+        return "WORLD"
+    desc = str(getattr(pg, "group_desc", "") or "")
+    if desc and desc not in ("undefined", "default_pg"):
+        return desc.removeprefix("mesh_")
+    return f"group[{','.join(map(str, members))}]"

@@ -1,0 +1,228 @@
+"""The ipyparallel cluster of a session: one controller, one engine per rank, launched and ended.
+
+distnb owns its processes: a reaper is armed before the first launch, every process the cluster
+starts carries its mark and is recorded with its role (`members.Members`), and `stop()` kills
+every recorded pid, so nothing is left behind, even where ipyparallel's engine nannies would
+linger for seconds. What differs between launchers is the engine kind's (`engines.EngineKind`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from distnb.errors import DistnbWarning
+from distnb.reaper import MARK_VAR, Reaper, marked
+from distnb.session.cluster import processes
+from distnb.session.cluster.engines import EngineKind
+from distnb.session.cluster.members import Member, Members, describe
+
+__all__ = ["Cluster"]
+
+# Controller settings that matter for an interactive tool: threads instead of 6 forked
+# scheduler processes (~230 MB less); a 100 ms heartbeat, because registration waits for the
+# first beat (how many beats an engine may miss is its kind's: `EngineKind.heart_misses`).
+CONTROLLER_ARGS = ["--IPController.use_threads=True", "--HeartMonitor.period=100"]
+_TRACK_EVERY_S = 0.5  # while engines register: look for the processes they start
+_CONNECT_S = 1.0  # a slice of the wait for the controller's first answer
+
+
+class Cluster:
+    """An ipyparallel cluster started for one session, in its own profile directory.
+
+    `ipp` is ipyparallel's cluster; `members` records every process it started here.
+    """
+
+    def __init__(self, n: int, kind: EngineKind, host: str) -> None:
+        import ipyparallel as ipp
+
+        self.n = n
+        self.kind = kind
+        self.mark = secrets.token_hex(8)
+        self._own_profile = tempfile.mkdtemp(prefix="distnb-profile-", dir=kind.profile_parent())
+        self.ipp = ipp.Cluster(
+            n=n,
+            profile_dir=self._own_profile,
+            controller_ip=host,
+            controller_args=[
+                *CONTROLLER_ARGS,
+                f"--HeartMonitor.max_heartmonitor_misses={kind.heart_misses}",
+            ],
+            engines=kind.launcher(),
+            # Engines wait for the controller's connection file themselves, so they start
+            # (and import torch) while the controller comes up instead of a second later.
+            delay=0,
+            send_engines_connection_env=False,
+            shutdown_atexit=True,
+            log_level=40,
+        )
+        self.client: Any = None
+        self._views: dict[int, Any] = {}
+        # Armed before anything is launched; last, so nothing above may fail and leave it.
+        self._reaper = Reaper(self.mark)
+        self._reaper.remove_later(self._own_profile)
+        self.members = Members(self.ipp, self._reaper, self._own_profile)
+
+    def view(self, engine_id: int) -> Any:
+        """The DirectView of one engine (made once: a view is a traitlets object)."""
+        view = self._views.get(engine_id)
+        if view is None:
+            view = self._views[engine_id] = self.client[engine_id]
+        return view
+
+    def launch(self) -> None:
+        """Start the controller and the engines, without waiting for them."""
+        # The `_sync` forms work both with and without a running event loop (a Jupyter kernel).
+        self.ipp.start_controller_sync(environment={MARK_VAR: self.mark})
+        self.members.track()
+        environment = {**self.kind.environment(self.n), MARK_VAR: self.mark}
+        settings = self.kind.launcher_settings()
+        self.ipp.start_engines_sync(self.n, environment=environment, **settings)
+        self.members.track()
+        for engine_set in self.ipp.engines.values():
+            if getattr(engine_set, "launchers", None) == {}:
+                kind = type(engine_set).__name__
+                raise RuntimeError(f"ipyparallel's {kind} started no engine process ({self.kind})")
+
+    def remove_later(self, pattern: str) -> None:
+        """Have the reaper remove the files matching `pattern` if the kernel dies."""
+        self._reaper.remove_matching_later(pattern)
+
+    def wait_registered(self, on_progress: Callable[[str, int], None], timeout: float) -> Any:
+        """A connected client, once every engine has registered with the controller.
+
+        Fails as soon as a launched process dies (with its output), and after `timeout`
+        seconds with the engines that did register and the launchers' output.
+        """
+        deadline = time.monotonic() + timeout
+        self.client = self._connect(deadline)
+        future = self.client.wait_for_engines(self.n, block=False, interactive=False)
+        tracked, queued = time.monotonic(), ""  # queued: how a batch job stands, if it waits
+        while not future.done():
+            _registered(on_progress, self.client.ids, queued)
+            if time.monotonic() - tracked >= _TRACK_EVERY_S:
+                self.members.track()
+                queued = self.kind.queued(list(self.ipp.engines.values()))
+                tracked = time.monotonic()
+            self.members.raise_if_launcher_died()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(self._not_registered(timeout, queued))
+            concurrent.futures.wait([future], timeout=0.05)
+        future.result()
+        _registered(on_progress, self.client.ids)
+        self.members.track()
+        return self.client
+
+    def _connect(self, deadline: float) -> Any:
+        """A client of the controller; asked in slices of `_CONNECT_S`, so that a controller
+        that dies meanwhile is named at once instead of ipyparallel's 10 s "Hub connection
+        request timed out"."""
+        while True:
+            self.members.raise_if_launcher_died()
+            try:
+                return self.ipp.connect_client_sync(timeout=_CONNECT_S)
+            except Exception:
+                self.members.raise_if_launcher_died()  # the cause, if the controller died
+                if time.monotonic() >= deadline:
+                    raise
+
+    def wait_all(self, pending: list[Any], timeout: float) -> list[Any]:
+        """The results of engine AsyncResults, failing at once if a process of the cluster dies
+        (the controller's death would otherwise leave them waiting until `timeout`)."""
+        deadline = time.monotonic() + timeout
+        for ar in pending:
+            while not ar.ready() and time.monotonic() < deadline and not self.raise_if_dead():
+                ar.wait(0.05)
+            if not ar.ready():
+                raise TimeoutError(f"the engines did not answer within {timeout:g} s")
+        self.raise_if_dead()  # an engine's death, rather than ipyparallel's word for it
+        return [ar.get() for ar in pending]
+
+    def raise_if_dead(self) -> bool:
+        """Raise if a process the cluster cannot work without has died (else False)."""
+        gone: Member | None = self.members.dead()
+        if gone is not None:
+            raise RuntimeError(f"{describe(gone)} {self.members.how_died(gone.pid)}")
+        return False
+
+    def _not_registered(self, timeout: float, queued: str) -> str:
+        ids = sorted(self.client.ids)
+        return (
+            f"{len(ids)} of {self.n} engines registered within {timeout:g} s "
+            f"(registered: {', '.join(map(str, ids)) or 'none'}{'; ' * bool(queued)}{queued}); "
+            "a slow machine or batch queue may need longer (distnb.start(register_timeout="
+            "...)). The launchers' output:\n"
+            + ("\n".join(self.members.launcher_outputs()) or "(none)")
+        )
+
+    def pids(self) -> list[int]:
+        """Every process of this cluster still alive."""
+        self.members.track()
+        reaper = psutil.Process(self._reaper.pid)
+        return [p.pid for p in [*self.members.alive(), reaper] if processes.alive(p)]
+
+    def signal(self, sig: int, engine_ids: list[int]) -> None:
+        """Send a signal to engines through their nannies (works for any launcher)."""
+        if self.client is not None and engine_ids:
+            self.client.send_signal(sig, targets=engine_ids, block=False)
+
+    def stop(self, timeout: float = 2.0) -> list[int]:
+        """Kill every recorded process and wait until each is gone; return any that is not.
+
+        SIGKILL, not a polite SIGTERM: nothing in a rank is worth saving at stop, and the
+        engines' and controller's graceful shutdowns take ~2 s, nannies longer. Processes
+        that carry the cluster's mark but were never seen (a nanny whose engine died before
+        registering) are found by the mark.
+        """
+        with contextlib.suppress(Exception):
+            self.members.track()
+        procs = self.members.alive()
+        seen = {p.pid for p in procs}
+        for pid in marked(self.mark):
+            if pid not in seen:
+                with contextlib.suppress(psutil.Error):
+                    procs.append(psutil.Process(pid))
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+            self.client = None
+        segments = processes.mpi_segments(procs)
+        silent = self.kind.stop(self.ipp)
+        for proc in procs:
+            processes.send(proc, signal.SIGKILL)
+        alive = processes.wait_dead(procs, timeout)
+        for path in segments:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        # The processes are gone already; ipyparallel only tidies its files.
+        with contextlib.suppress(Exception):
+            self.ipp.stop_cluster_sync()
+        shutil.rmtree(self._own_profile, ignore_errors=True)
+        self.members.close()
+        self._reaper.close()
+        if silent:  # last: a warning made an error must not leave anything running
+            warnings.warn(
+                f"{', '.join(silent)} did not answer the stop: the ranks there end by themselves "
+                "once their controller's heartbeat stops (about 30 s)",
+                DistnbWarning,
+                stacklevel=4,
+            )
+        return [p.pid for p in alive]
+
+
+def _registered(on_progress: Callable[[str, int], None], ids: list[int], queued: str = "") -> None:
+    """Progress of the registration: which engines are in (`engines registered (0, 2)`), or
+    how their batch job waits."""
+    which = f" ({', '.join(map(str, sorted(ids)))})" if ids else ""
+    on_progress(queued or f"engines registered{which}", len(ids))

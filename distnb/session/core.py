@@ -1,0 +1,364 @@
+"""The session: a cluster of ranks, the control plane, and cells run on them.
+
+with distnb.start(n=2) as s:          # %dist_start -n 2
+    s.run("print(rank)")              # %%allranks
+    s.status()                        # %dist_status
+                                      # %dist_stop on leaving the block
+
+What a session does besides its lifecycle and runs lives in method modules beside this one
+(`status`, `data`, `inspection`, `replicas`, `automode`), bound here as methods.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from distnb.errors import ConfigError, RankError, SessionError
+from distnb.ranklist import format_ranks
+from distnb.records.cell import RankFailure, RankInfo
+from distnb.session import automode, data, inspection, replicas, status
+from distnb.session.cluster import Cluster
+from distnb.session.cluster.deaths import death_reason
+from distnb.session.control import ControlPlane, boards_pattern
+from distnb.session.joining import join
+from distnb.session.options import Options, check_timeout
+from distnb.session.runs import failures as failing
+from distnb.session.runs.referee import DesyncReferee
+from distnb.session.runs.request import CellRequest, CellResult, assigned_names, notebook_cell
+from distnb.session.runs.run import CellRun
+from distnb.views.status import Progress, Status
+
+_live: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+class Session:
+    """Ranks on an ipyparallel cluster with `torch.distributed` initialised on each.
+
+    Create one with `distnb.start()`. Every magic is a thin shell over a method here.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.ranks: tuple[RankInfo, ...] = ()
+        self.referee: DesyncReferee | None = None
+        self._cluster: Cluster | None = None
+        self._control: ControlPlane | None = None
+        self._broken = ""
+        self._runs = 0  # runs so far: the last one's run id
+        self.pdb = False  # open the debugger on the first failing rank when a run fails
+        self._failed: RankError | None = None  # the last run's error, while ranks keep it
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Session:
+        """Launch the engines, make them ranks and return this session, ready for `run`.
+
+        Raises `SessionError` (nothing left running) if the cluster cannot start, `ConfigError`
+        for options that cannot work here (e.g. `backend="nccl"` without a GPU per rank).
+        """
+        if self._cluster is not None:
+            raise SessionError("this session is already running; stop() or restart() it first")
+        opts = self.options
+        progress = Progress(opts.n, enabled=opts.progress)
+        try:
+            progress.show("starting engines", 0)
+            self._cluster = Cluster(opts.n, opts.engines, opts.host)
+            self._cluster.launch()
+            # The kernel imports torch for the control plane while the engines boot.
+            self._control = ControlPlane(opts.host)
+            self._cluster.remove_later(boards_pattern(self._control.session_id))
+            client = self._cluster.wait_registered(progress.show, opts.register_timeout)
+            self.ranks = join(self._cluster, self._control, client, opts, progress.show)
+            status.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
+            self.referee = DesyncReferee(self._control)
+        except BaseException as exc:
+            progress.close()
+            self._teardown()
+            if isinstance(exc, (ConfigError, KeyboardInterrupt)):
+                raise
+            raise SessionError(
+                f"the cluster did not start: {exc}\nNothing is left running; fix the cause and "
+                "run %dist_start again (distnb doctor checks the set-up)."
+            ) from exc
+        progress.close()
+        self._broken = ""
+        _live.add(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop every rank, the controller and the control plane; leave no process behind."""
+        self._teardown()
+        self.ranks, self._broken = (), ""  # a new cluster starts whole (start may run cells)
+        _live.discard(self)
+
+    def _teardown(self) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+            self._cluster = None
+        if self._control is not None:
+            from distnb.rank.checked.exchange import cleanup
+
+            cleanup(self._control.session_id)  # shared-memory boards of crashed ranks
+            self._control.close()
+            self._control = None
+
+    def restart(self) -> Session:
+        """Stop, then start again with the same options (the fix after a rank died or hung)."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True from `start()` until `stop()`, even while a dead rank waits for `restart()`."""
+        return self._cluster is not None
+
+    def pids(self) -> list[int]:
+        """Every process this session started that is still alive."""
+        return self._cluster.pids() if self._cluster is not None else []
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The ranks' processes and ipyparallel's client (None when not running)."""
+        return self._cluster
+
+    @property
+    def control(self) -> ControlPlane | None:
+        """The control plane the ranks join (None when not running)."""
+        return self._control
+
+    @property
+    def broken(self) -> str:
+        """Why the cluster cannot run cells (a process it needs died), or ""."""
+        return self._broken
+
+    # --- cells ---------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        """One row per rank (rank, host, pid, device, backend, memory, torch's intra-op threads,
+        CUDA memory, state), each rank's distributed environment, and what is wrong if anything.
+
+        >>> s.status()
+        rank  host  pid    device  backend  memory (peak)          intra-op threads  state
+        0     vm    13901  cpu     gloo     402.1 MiB (402.3 MiB)  1                 alive
+        """
+        if not self.running:
+            return Status((), status.NO_CLUSTER)
+        self._notice_death()
+        return status.status(self)
+
+    # what else a session does, in modules of their own
+    pull = data.pull
+    push = data.push
+    auto = automode.auto
+    shapes = inspection.shapes
+    overflow = inspection.overflow
+    overflow_detach = inspection.overflow_detach
+    overflow_report = inspection.overflow_report
+    timeline = inspection.timeline
+    diff = replicas.diff
+    diff_watch = replicas.diff_watch
+    diff_report = replicas.diff_report
+    diff_stop = replicas.diff_stop
+
+    def run(
+        self,
+        code: str,
+        ranks: list[int] | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+        shapes: bool = False,
+        timeline: bool = False,
+    ) -> CellResult:
+        """Run `code` on every rank (or the listed ones); return each rank's output.
+
+        >>> r = s.run("x = torch.ones(2) * rank\ndist.all_reduce(x)\nx.sum().item()")
+        [rank 0] ...
+        >>> r.result(1)
+        '2.0'
+
+        While it runs, each rank's output is shown as it comes (labelled, in rank order).
+        Raises `RankError` (each rank's traceback on `err.failures`) if ranks raise; the checked
+        runtime's `CollectiveMismatchError` (with `err.mismatch`) and `CollectiveDesyncError`;
+        `RankTimeoutError` with a hang report past `timeout` seconds; `RankDiedError` if a rank's
+        process exits. `check=False` runs the cell without the checked-collective runtime;
+        `shapes=True` puts the shape table of the names the cell assigned on `result.views`,
+        `timeline=True` the cell's collective timeline.
+        """
+        self.require_running()
+        check_timeout(timeout)
+        targets = self.targets(ranks)
+        self._runs += 1
+        request = CellRequest(
+            cell=notebook_cell(self._runs),
+            run_id=self._runs,
+            code=code,
+            targets=tuple(targets),
+            check=check and self.options.check,
+            timeout=timeout if timeout is not None else self.options.timeout,
+            everyone=len(targets) == len(self.ranks),
+        )
+        result = self._execute(request)
+        views: list[Any] = []
+        if shapes:
+            views.append(self.shapes(assigned_names(code)))
+        if timeline:
+            views.append(self.timeline(cells=1))
+        return replace(result, views=tuple(views))
+
+    def run_script(
+        self,
+        path: str,
+        args: str | Sequence[str] = (),
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> CellResult:
+        """Run the file at `path` as `__main__` on every rank, with `sys.argv = [path, *args]`,
+        as under `torchrun --nproc-per-node N`; output, checks, `timeout`, Ctrl-C and errors are
+        those of `run`, messages name the script (see `distnb.session.runs.scripts`).
+
+        >>> s.run_script("train.py", "--lr 0.1")   # %dist_run train.py --lr 0.1
+        """
+        from distnb.session.runs.scripts import script_request
+
+        self.require_running()
+        check_timeout(timeout)
+        timeout = timeout if timeout is not None else self.options.timeout
+        request = script_request(
+            path,
+            args,
+            notebook_cell(self._runs),
+            self._runs + 1,
+            tuple(self.ranks),
+            check and self.options.check,
+            timeout,
+        )
+        self._runs += 1
+        return self._execute(request)
+
+    def _execute(self, request: CellRequest) -> CellResult:
+        """Run a cell or a script; its ranks' failures raised as one error."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        self._failed = None
+        result = self._run(request)
+        if result.failures:
+            waiting = self.referee.waiters.pop(result.run_id, []) if self.referee else []
+            error = failing.run_error(request.where, result, self.call, waiting)
+            self._failed = error
+            if self.pdb and failing.debuggable(error.failures):
+                print(f"distnb: {error.message.splitlines()[0]}", flush=True)
+                self.debug()
+            raise error
+        return result
+
+    def debug(self, rank: int | None = None) -> None:
+        """Open the debugger at the failing frame of `rank` (default: the first rank that failed)
+        in the last run, with that frame's locals (`%dist_debug [RANK]`); `session.pdb = True`
+        (`%dist_pdb on`) does it on every failure. A rank keeps its traceback until its next cell.
+        """
+        from distnb.session.debugger.postmortem import post_mortem_request
+
+        self.require_running(notice=True)
+        request = post_mortem_request(self._failed, rank, self.ranks, notebook_cell(self._runs))
+        self._runs += 1
+        result = self._run(replace(request, run_id=self._runs))
+        if result.failures:
+            raise failing.cell_error(request.where, result.failures)
+
+    def _run(self, request: CellRequest) -> CellResult:
+        """Send a run to its ranks and wait for it (output, prompts, timeouts, Ctrl-C)."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        assert self._cluster is not None and self._control is not None
+        run = CellRun(self._cluster, self._control, request, self.referee, self._on_death)
+        return run.start().wait()
+
+    def debugs(self, error: BaseException | None) -> bool:
+        """Whether `debug()` can open `error`'s ranks (it is the last run's, and it failed)."""
+        return error is not None and error is self._failed and self.running
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        ranks: list[int] | None = None,
+        timeout: float | None = 60.0,
+    ) -> list[Any]:
+        """Call `fn(*args)` on every rank (or the listed ones); return the results in rank order.
+
+        For distnb's own rank-side functions (records back, no output shown); `run` is for cells.
+
+        >>> s.call(os.getpid)
+        [13901, 13903]
+        """
+        self.require_running(notice=True)
+        targets = self.targets(ranks)
+        assert self._cluster is not None
+        pending = [self._cluster.view(t.engine_id).apply_async(fn, *args) for t in targets]
+        results: list[Any] = []
+        failures: list[RankFailure] = []
+        for info, ar in zip(targets, pending, strict=True):
+            try:
+                results.append(ar.get(timeout=timeout))
+            except Exception as exc:
+                failures.append(failing.to_failure(info.rank, exc))
+        if failures:
+            raise failing.call_error(getattr(fn, "__name__", "function"), failures)
+        return results
+
+    def targets(self, ranks: Sequence[int] | None) -> list[RankInfo]:
+        """The listed ranks' records, in rank order (every rank's for None); `ConfigError`
+        naming the ranks this session has, for a rank it does not."""
+        if ranks is None:
+            return list(self.ranks)
+        world = len(self.ranks)
+        bad = [r for r in ranks if not 0 <= r < world]
+        if bad or not ranks:
+            raise ConfigError(
+                f"ranks {bad or ranks} are not in this session, which has "
+                f"{format_ranks(range(world))}; e.g. --ranks 0,{world - 1}"
+            )
+        return [self.ranks[r] for r in sorted(set(ranks))]
+
+    @property
+    def runs(self) -> int:
+        """How many runs (cells, scripts) this session has made: the last one's run id."""
+        return self._runs
+
+    def require_running(self, notice: bool = False) -> None:
+        """`SessionError` unless cells can run: no cluster, or a process it needs died.
+        `notice`: look for processes that died since the last cell first (a cell does that
+        itself, and names a dead rank as such)."""
+        if not self.running:
+            raise SessionError(
+                "no cluster is running: start one with %dist_start (or distnb.start())"
+            )
+        if notice:
+            self._notice_death()
+        if self._broken:
+            raise SessionError(self._broken)
+
+    def _notice_death(self) -> None:
+        """A process of the cluster that died since we last looked breaks the session."""
+        cluster = self._cluster
+        gone = cluster.members.dead() if cluster is not None and not self._broken else None
+        if gone is not None and cluster is not None:
+            self._on_death(death_reason(gone, cluster.members.how_died(gone.pid), self.ranks))
+
+    def _on_death(self, reason: str) -> None:
+        """A process of the cluster died: `reason` says which, what it means and what to run."""
+        self._broken = reason
+
+
+@atexit.register
+def _stop_all() -> None:
+    for session in list(_live):
+        session.stop()

@@ -1,0 +1,77 @@
+"""The kernel's connection to one rank's debug adapter, made ready for JupyterLab's debugger.
+
+debugpy listens on the rank's loopback (it has no authentication): a rank on this machine is
+reached directly, a rank on another host through the signed control plane
+(`distnb.rank.debug.relay`). The connection is initialized and attached as a frontend would,
+with the breakpoints the frontend has set.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from distnb.records.cell import RankInfo
+from distnb.session.control import ControlPlane
+from distnb.session.debugger.dap import DapClient, DapError, Message
+
+__all__ = ["connect"]
+
+READY_S = 60.0  # a rank's first start of its adapter imports pydevd: seconds on a busy machine
+
+
+def connect(
+    info: RankInfo,
+    view: Any,
+    control: ControlPlane,
+    breakpoints: Mapping[str, Sequence[Message]],
+    on_event: Callable[[Message], None],
+) -> DapClient:
+    """A connection to `info`'s adapter (started on the rank through its ipyparallel `view`),
+    attached, with `breakpoints` (source path -> the frontend's) set; its events go to
+    `on_event`."""
+    from distnb.rank.debug.visual import listen
+
+    host, port, not_mine = view.apply_sync(listen)
+    sock = _socket(info, view, control, host, port)
+    ready = threading.Event()
+
+    def event(message: Message) -> None:
+        if message.get("event") == "initialized":
+            ready.set()
+        else:
+            on_event(message)
+
+    client = DapClient(sock, event, name=f"rank {info.rank}")
+    client.request(
+        "initialize",
+        {"clientID": "distnb", "adapterID": "python", "pathFormat": "path",
+         "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True},
+    )  # fmt: skip
+    rules = [{"path": folder, "include": False} for folder in not_mine]
+    client.send_request("attach", {"justMyCode": True, "rules": rules, "subProcess": False})
+    if not ready.wait(READY_S):
+        client.close()
+        raise DapError(f"rank {info.rank}'s debugger did not get ready within {READY_S:g} s")
+    for path, set_here in breakpoints.items():
+        client.request("setBreakpoints", {"source": {"path": path}, "breakpoints": list(set_here)})
+    client.request("configurationDone")
+    return client
+
+
+def _socket(
+    info: RankInfo, view: Any, control: ControlPlane, host: str, port: int
+) -> socket.socket:
+    """Straight to the adapter on this machine; on another host, relayed."""
+    if info.here:
+        return socket.create_connection((host, port), timeout=10)
+    from distnb.rank.debug.relay import Relay, connect_adapter
+
+    channel = f"{info.rank}-{secrets.token_hex(4)}"
+    ours, theirs = socket.socketpair()
+    Relay(theirs, channel, "rank", (control.client(), control.client()))
+    view.apply_sync(connect_adapter, channel)
+    return ours
