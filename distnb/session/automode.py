@@ -26,8 +26,8 @@ from distnb.ranklist import format_ranks
 from distnb.session.options import check_timeout
 
 if TYPE_CHECKING:
-    from distnb.session.core import Session
     from distnb.session.runs.request import CellResult
+    from distnb.session.surface import SessionSurface
 
 __all__ = ["AutoMode", "Route", "auto", "route"]
 
@@ -64,7 +64,7 @@ class AutoMode:
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        self.session: Session | None = None
+        self.session: SessionSurface | None = None
         self.ranks: list[int] | None = None
         self.timeout: float | None = None
         self.check = True
@@ -105,7 +105,7 @@ class AutoMode:
         return lines
 
     def enable(
-        self, session: Session, ranks: list[int] | None, timeout: float | None, check: bool
+        self, session: SessionSurface, ranks: list[int] | None, timeout: float | None, check: bool
     ) -> None:
         self.session, self.ranks, self.timeout, self.check = session, ranks, timeout, check
         self.label = format_ranks(t.rank for t in session.targets(ranks))
@@ -174,7 +174,7 @@ class AutoMode:
 
 
 def auto(
-    session: Session,
+    session: SessionSurface,
     on: bool = True,
     ranks: list[int] | None = None,
     timeout: float | None = None,

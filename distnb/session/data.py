@@ -21,7 +21,7 @@ from distnb.records.transfer import Reason, Refusal
 from distnb.views._format import format_bytes
 
 if TYPE_CHECKING:
-    from distnb.session.core import Session
+    from distnb.session.surface import SessionSurface
 
 __all__ = ["DEFAULT_LIMIT", "RESERVED", "parse_size", "pull", "push", "refusal_message"]
 
@@ -37,7 +37,7 @@ _REBUILD_FIX = (
 
 
 def pull(
-    session: Session, name: str, ranks: list[int] | None = None, limit: int | None = None
+    session: SessionSurface, name: str, ranks: list[int] | None = None, limit: int | None = None
 ) -> list[Any]:
     """Each rank's `name` (a name or dotted path), in rank order; tensors come on the CPU.
 
@@ -65,7 +65,7 @@ def pull(
 
 
 def push(
-    session: Session, ranks: list[int] | None = None, limit: int | None = None, **values: Any
+    session: SessionSurface, ranks: list[int] | None = None, limit: int | None = None, **values: Any
 ) -> None:
     """Bind each keyword's value to its name on every rank (or the listed ones).
 

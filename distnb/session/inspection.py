@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from distnb.errors import ConfigError
 
 if TYPE_CHECKING:
-    from distnb.session.core import Session
+    from distnb.session.surface import SessionSurface
     from distnb.views.overflow import OverflowView
     from distnb.views.shapes import ShapeTableView
     from distnb.views.timeline import TimelineView
@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 __all__ = ["overflow", "overflow_detach", "overflow_report", "shapes", "timeline"]
 
 
-def shapes(session: Session, names: list[str] | None = None, all: bool = False) -> ShapeTableView:
+def shapes(
+    session: SessionSurface, names: list[str] | None = None, all: bool = False
+) -> ShapeTableView:
     """A table of each rank's tensors and modules (metadata only), differences first.
 
     >>> s.shapes(["batch"])         # %dist_shapes batch
@@ -29,7 +31,7 @@ def shapes(session: Session, names: list[str] | None = None, all: bool = False) 
     return ShapeTableView.from_scans(session.call(runtime.scan, names, all))
 
 
-def overflow(session: Session, name: str, **options: Any) -> None:
+def overflow(session: SessionSurface, name: str, **options: Any) -> None:
     """Trace overflow on every rank's module `name`: `distnb.overflow.watch`'s options.
 
     The options are checked here, before any rank is asked (`ConfigError`).
@@ -46,7 +48,7 @@ def overflow(session: Session, name: str, **options: Any) -> None:
     session.call(runtime.overflow_watch, name, record.to_dict())
 
 
-def overflow_detach(session: Session, name: str) -> None:
+def overflow_detach(session: SessionSurface, name: str) -> None:
     """Remove every hook of the tracer on `name`: ranks run at full speed again."""
     from distnb.rank import runtime
 
@@ -54,7 +56,7 @@ def overflow_detach(session: Session, name: str) -> None:
         raise ConfigError(f"no overflow trace named {name!r}; start one with %dist_overflow")
 
 
-def overflow_report(session: Session) -> dict[str, OverflowView]:
+def overflow_report(session: SessionSurface) -> dict[str, OverflowView]:
     """Each traced module's frames per rank, and which rank went non-finite first."""
     from distnb.rank import runtime
     from distnb.views.overflow import OverflowView
@@ -64,7 +66,7 @@ def overflow_report(session: Session) -> dict[str, OverflowView]:
     return {n: OverflowView([r[n] for r in per_rank if n in r]) for n in names}
 
 
-def timeline(session: Session, cells: int | None = None) -> TimelineView:
+def timeline(session: SessionSurface, cells: int | None = None) -> TimelineView:
     """Every recorded collective of the last `cells` runs (all kept, by default), per rank.
 
     >>> s.timeline(cells=1).export_chrome_trace("trace.json")
@@ -78,7 +80,7 @@ def timeline(session: Session, cells: int | None = None) -> TimelineView:
     return TimelineView(events, _clock_offsets(session), hosts)
 
 
-def _clock_offsets(session: Session) -> ClockOffsets | None:
+def _clock_offsets(session: SessionSurface) -> ClockOffsets | None:
     """Per-rank offsets onto the kernel's clock: none on one host (one monotonic clock)."""
     from distnb.session.clocks import estimate_offsets
 

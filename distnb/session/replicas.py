@@ -16,14 +16,14 @@ from distnb.ranklist import format_ranks
 from distnb.records.replicas import bad_options
 
 if TYPE_CHECKING:
-    from distnb.session.core import Session
+    from distnb.session.surface import SessionSurface
     from distnb.views.replicas import ReplicaView, WatchView
 
 __all__ = ["diff", "diff_report", "diff_stop", "diff_watch"]
 
 
 def diff(
-    session: Session,
+    session: SessionSurface,
     *names: str,
     grads: bool = False,
     buffers: bool = False,
@@ -60,7 +60,11 @@ def diff(
 
 
 def diff_watch(
-    session: Session, name: str, every: int = 1, optim: str | None = None, raise_: bool = False
+    session: SessionSurface,
+    name: str,
+    every: int = 1,
+    optim: str | None = None,
+    raise_: bool = False,
 ) -> None:
     """Record the digests of module `name` (and optimizer `optim`'s state) on every rank every
     `every` steps: before each forward, or after each `optim.step()` when given. Nothing is
@@ -79,7 +83,7 @@ def diff_watch(
         raise ConfigError(f"{err.failures[0].evalue}") from None
 
 
-def diff_report(session: Session, name: str) -> WatchView:
+def diff_report(session: SessionSurface, name: str) -> WatchView:
     """The first step at which the watched replicas of `name` differed, and what differed."""
     from distnb.rank.replicas import watch
     from distnb.records.replicas import first_divergence
@@ -92,7 +96,7 @@ def diff_report(session: Session, name: str) -> WatchView:
     return WatchView(first_divergence(name, [r.rank for r in session.ranks], history))
 
 
-def diff_stop(session: Session, name: str) -> None:
+def diff_stop(session: SessionSurface, name: str) -> None:
     """Remove the watch on `name` from every rank."""
     from distnb.rank.replicas import watch
 

@@ -18,7 +18,7 @@ from distnb.views.display import in_kernel
 from distnb.views.status import ALIVE, Status
 
 if TYPE_CHECKING:
-    from distnb.session.core import Session
+    from distnb.session.surface import SessionSurface
 
 __all__ = ["NO_CLUSTER", "PROBE_TIMEOUT_S", "prepare", "status"]
 
@@ -27,7 +27,7 @@ PROBE_TIMEOUT_S = 3.0
 NO_ANSWER = "no answer"
 
 
-def status(session: Session) -> Status:
+def status(session: SessionSurface) -> Status:
     """One row per rank: rank, host, pid, device, backend, memory (now and peak), torch's
     intra-op threads, CUDA memory where there is CUDA, and state; then the distributed
     environment of each rank.
@@ -67,7 +67,7 @@ def status(session: Session) -> Status:
     )
 
 
-def prepare(session: Session) -> None:
+def prepare(session: SessionSurface) -> None:
     """Right after the ranks start: count OOM kills so far; outside Jupyter, make the ranks'
     widgets (tqdm.auto bars, ipywidgets) text, since nothing here can show them."""
     from distnb.rank import textmode
@@ -78,7 +78,7 @@ def prepare(session: Session) -> None:
         session.call(textmode.use_text_frontend)
 
 
-def _state(session: Session, info: RankInfo) -> str:
+def _state(session: SessionSurface, info: RankInfo) -> str:
     """`alive`, or how a local rank's process died; a rank on another host is alive while its
     engine is in the cluster (the controller drops it when its nanny or heartbeat says so)."""
     cluster = session.cluster
@@ -91,7 +91,7 @@ def _state(session: Session, info: RankInfo) -> str:
     return cluster.members.how_died(info.pid, wait=0.2)
 
 
-def _probe(session: Session, ranks: list[RankInfo]) -> dict[int, RankResources]:
+def _probe(session: SessionSurface, ranks: list[RankInfo]) -> dict[int, RankResources]:
     """Each rank's resources, asked of all at once; ranks that do not answer are left out."""
     from distnb.rank import resources
 

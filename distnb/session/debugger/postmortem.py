@@ -18,7 +18,7 @@ from distnb.session.runs.failures import debuggable
 from distnb.session.runs.request import CellRequest
 
 if TYPE_CHECKING:
-    from distnb.session.core import Session
+    from distnb.session.surface import SessionSurface
 
 __all__ = ["POST_MORTEM", "post_mortem_request", "route_debugger", "unroute_debugger"]
 
@@ -49,7 +49,7 @@ def post_mortem_request(
     return CellRequest(cell, 0, POST_MORTEM, (info,), check=False, timeout=None, everyone=False)
 
 
-def route_debugger(shell: Any, session: Callable[[], Session | None]) -> None:
+def route_debugger(shell: Any, session: Callable[[], SessionSurface | None]) -> None:
     """Make `%debug` and `%pdb on` open the failed rank after a `RankError` (IPython's own
     debugger would open distnb's frames in the kernel); other errors keep IPython's.
 
