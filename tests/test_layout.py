@@ -124,3 +124,12 @@ def test_modules_stay_small() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not big, f"split these modules (over {MAX_LINES} lines): {big}"
+
+
+def test_no_module_is_named_like_the_standard_librarys() -> None:
+    import sys
+
+    shadowing = sorted(
+        name for name in MODULES if name.rsplit(".", 1)[-1] in sys.stdlib_module_names
+    )
+    assert not shadowing, f"rename these (they read as the standard library's): {shadowing}"

@@ -17,7 +17,7 @@ import distnb.views.timeline
 from distnb.records.collective import CallSite, CollectiveEvent
 from distnb.views.timeline import TimelineView
 from distnb.views.timeline.model import ClockOffsets, build_timeline, bus_factor, nccl_bytes
-from distnb.views.timeline.trace import chrome_trace
+from distnb.views.timeline.chrome import chrome_trace
 
 MS = 1_000_000
 US = 1_000
@@ -332,7 +332,7 @@ def imported_modules(source: str) -> set[str]:
 def test_the_facade_imports_its_renderers_and_none_imports_it() -> None:
     package = Path(distnb.views.timeline.__file__).parent
     renderers = [p for p in package.glob("*.py") if p.name != "__init__.py"]
-    assert {p.stem for p in renderers} >= {"model", "summary", "svg", "mpl", "trace", "widget"}
+    assert {p.stem for p in renderers} >= {"model", "summary", "svg", "mpl", "chrome", "widget"}
     for path in renderers:
         assert "distnb.views.timeline" not in imported_modules(path.read_text()), path.name
 
