@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
+from distnb.errors import ConfigError, SessionError
 from distnb.magics.args import (
     parse,
     parse_command_line,
@@ -22,8 +22,7 @@ from distnb.session import Session, start
 from distnb.session.automode import AutoMode
 from distnb.session.options import REGISTER_TIMEOUT_S
 from distnb.session.status import NO_CLUSTER
-from distnb.views.display import show
-from distnb.views.mismatch import show_mismatch
+from distnb.views.display import show, shown
 from distnb.views.status import Status
 
 
@@ -134,8 +133,8 @@ class DistMagics(Magics):
         args = parse(self.allranks, line)
         session = self._running()
         ranks = rank_list(args.ranks) if args.ranks is not None else None
-        try:
-            result = session.run(
+        shown(
+            lambda: session.run(
                 # Line 1 of the notebook cell is the magic: keep line numbers the same on ranks.
                 "# %%allranks\n" + cell,
                 ranks=ranks,
@@ -144,13 +143,7 @@ class DistMagics(Magics):
                 shapes=args.shapes,
                 timeline=args.timeline,
             )
-        except (ConfigError, SessionError) as exc:
-            raise UsageError(str(exc)) from None
-        except CollectiveMismatchError as err:
-            show_mismatch(err)
-            raise
-        for view in result.views:
-            show(view)
+        )
 
     @magic_arguments()
     @argument("names", nargs="+", help="modules, tensors, optimizers, dicts/lists of them")
@@ -259,18 +252,11 @@ class DistMagics(Magics):
         """
         args = parse_command_line(self.dist_run, line)
         session = self._running()
-        try:
-            session.run_script(
-                args.script,
-                args.args,
-                timeout=seconds(args.timeout),
-                check=not args.unchecked,
+        shown(
+            lambda: session.run_script(
+                args.script, args.args, timeout=seconds(args.timeout), check=not args.unchecked
             )
-        except (ConfigError, SessionError) as exc:
-            raise UsageError(str(exc)) from None
-        except CollectiveMismatchError as err:
-            show_mismatch(err)
-            raise
+        )
 
     @magic_arguments()
     @argument("state", nargs="?", choices=["on", "off"], help="on or off (default: switch)")

@@ -21,7 +21,7 @@ import re
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
+from distnb.errors import SessionError
 from distnb.ranklist import format_ranks
 from distnb.session.options import check_timeout
 
@@ -125,23 +125,12 @@ class AutoMode:
     def cell_magic(self, line: str, cell: str) -> None:
         """`%%dist_auto`, which the transformer writes: the cell on the mode's ranks, marked as
         such in Jupyter, its views and a mismatch's table shown."""
-        from IPython.core.error import UsageError
-
-        from distnb.views.display import in_kernel, show
-        from distnb.views.mismatch import show_mismatch
+        from distnb.views.display import in_kernel, shown
         from distnb.views.status import show_where
 
         if in_kernel():
             show_where(self.label if self.active else "all ranks")
-        try:
-            result = self.run(cell)
-        except (ConfigError, SessionError) as exc:
-            raise UsageError(str(exc)) from None
-        except CollectiveMismatchError as err:
-            show_mismatch(err)
-            raise
-        for view in result.views:
-            show(view)
+        shown(lambda: self.run(cell))
 
     def run(self, cell: str) -> CellResult:
         """Run one cell on the mode's ranks."""

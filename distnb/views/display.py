@@ -6,6 +6,7 @@ HTML (widget state is not saved with the notebook), and terminal IPython the tex
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -33,3 +34,23 @@ def show(view: View) -> None:
     from IPython.display import display
 
     display(bundle(view, in_kernel()), raw=True)  # type: ignore[no-untyped-call]
+
+
+def shown(run: Callable[[], Any]) -> Any:
+    """Run a cell for a magic: its views shown after it, a mismatch's table before the error,
+    a bad argument or session state as IPython's `UsageError` (one line, no traceback)."""
+    from IPython.core.error import UsageError
+
+    from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
+    from distnb.views.mismatch import show_mismatch
+
+    try:
+        result = run()
+    except (ConfigError, SessionError) as exc:
+        raise UsageError(str(exc)) from None
+    except CollectiveMismatchError as err:
+        show_mismatch(err)
+        raise
+    for view in result.views:
+        show(view)
+    return result

@@ -20,11 +20,11 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from distnb.records.collective import CollectiveEvent
+from distnb.views.timeline.chrome import write_chrome_trace
 from distnb.views.timeline.model import ClockOffsets, ClockSync, build_timeline
 from distnb.views.timeline.mpl import figure
 from distnb.views.timeline.summary import render_heading_html, render_tables_html, render_text
 from distnb.views.timeline.svg import render_svg
-from distnb.views.timeline.chrome import write_chrome_trace
 from distnb.views.timeline.widget import build_widget
 
 __all__ = ["ClockOffsets", "TimelineView"]
