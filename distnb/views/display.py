@@ -42,14 +42,17 @@ def shown(run: Callable[[], Any]) -> Any:
     from IPython.core.error import UsageError
 
     from distnb.errors import CollectiveMismatchError, ConfigError, SessionError
-    from distnb.views.mismatch import show_mismatch
+    from distnb.views.mismatch import MismatchView
 
     try:
         result = run()
     except (ConfigError, SessionError) as exc:
         raise UsageError(str(exc)) from None
     except CollectiveMismatchError as err:
-        show_mismatch(err)
+        if err.mismatch is not None and in_kernel():  # a table too; the exception follows it
+            from IPython.display import display
+
+            display(MismatchView(err.mismatch))  # type: ignore[no-untyped-call]
         raise
     for view in result.views:
         show(view)

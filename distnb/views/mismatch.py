@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from distnb.matching import describe
 from distnb.records.collective import Mismatch
 from distnb.views._format import DIFF_ROW_BG, Cell, Row, esc, html_table, text_table
 
-if TYPE_CHECKING:
-    from distnb.errors import CollectiveMismatchError
-
 HEADER = ("rank", "call", "call site")
-
-
-def show_mismatch(err: CollectiveMismatchError) -> None:
-    """In Jupyter, a mismatch also shows as a table (the exception follows it)."""
-    from distnb.views.display import in_kernel
-
-    if err.mismatch is not None and in_kernel():
-        from IPython.display import display
-
-        display(MismatchView(err.mismatch))  # type: ignore[no-untyped-call]
 
 
 class MismatchView:

@@ -16,8 +16,8 @@ import pytest
 import distnb.views.timeline
 from distnb.records.collective import CallSite, CollectiveEvent
 from distnb.views.timeline import TimelineView
-from distnb.views.timeline.model import ClockOffsets, build_timeline, bus_factor, nccl_bytes
 from distnb.views.timeline.chrome import chrome_trace
+from distnb.views.timeline.model import ClockOffsets, build_timeline, bus_factor, nccl_bytes
 
 MS = 1_000_000
 US = 1_000
