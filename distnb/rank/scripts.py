@@ -4,8 +4,12 @@
 module of its own (so `if __name__ == "__main__":` fires and pickling `__main__` classes works),
 with `sys.argv`, `sys.path[0]`, `__file__` and the working directory set as Python and torchrun set
 them, and everything put back afterwards. The rank's torchrun environment and process group are
-already there (`distnb.rank.runtime`). Tracebacks start at the script's own frames: the cell
-and this module say nothing to the user. `sys.exit(0)` is a normal end, as for a process.
+already there (`distnb.rank.runtime`).
+
+The script and the modules beside it are the user's code wherever they lie (under site-packages
+too: `distnb.userfiles`): call sites and hang reports name their lines. Tracebacks start at the
+script's own frames: the cell and this module say nothing to the user. `sys.exit(0)` is a
+normal end, as for a process.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
+
+from distnb.rank.checked import callsite
+from distnb.userfiles import script_paths
 
 __all__ = ["ScriptExit", "run_main"]
 
@@ -40,12 +47,15 @@ def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
         ) from None
     module = _main_module(path)
     _tracebacks_from(path)
+    callsite.set_user_paths(script_paths(path))
     try:
         with _as_main(module, path, argv, cwd):
             exec(code, module.__dict__)
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise ScriptExit(_exit_message(argv[0] if argv else path, exc.code)) from None
+    finally:
+        callsite.set_user_paths(())
 
 
 def _compile(path: str) -> types.CodeType:

@@ -17,27 +17,35 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from distnb import keys
+from distnb.rank.checked.callsite import user_paths
 from distnb.rank.shell import cell_of_file
+from distnb.userfiles import is_users
 
 __all__ = ["StackServer", "main_stack"]
 
 
 def main_stack() -> str:
-    """The main thread's Python stack from the cell down, the innermost cell line first."""
+    """The main thread's Python stack from the cell down, the innermost cell line first; while
+    a `%dist_run` script runs, from the script down, its innermost line (or its neighbours')
+    first, wherever the script lies."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     if frame is None:
         return "(no main thread)"
     entries = list(traceback.extract_stack(frame))
-    cells = [i for i, e in enumerate(entries) if cell_of_file(e.filename) is not None]
+    script = user_paths()
+    if script:
+        # the launcher's cell says nothing: the script is the user's code
+        tops = [i for i, e in enumerate(entries) if is_users(e.filename, script)]
+    else:
+        tops = [i for i, e in enumerate(entries) if cell_of_file(e.filename) is not None]
     lines = []
-    if cells:
-        inner = entries[cells[-1]]
-        lines.append(
-            f"at cell In[{cell_of_file(inner.filename)}] line {inner.lineno}: "
-            f"{(inner.line or '').strip()}"
-        )
-        # Frames below the cell are ipyparallel's and IPython's machinery.
-        entries = entries[cells[0] :]
+    if tops:
+        inner = entries[tops[-1]]
+        cell = cell_of_file(inner.filename)
+        where = f"cell In[{cell}]" if cell is not None else inner.filename
+        lines.append(f"at {where} line {inner.lineno}: {(inner.line or '').strip()}")
+        # Frames below the cell (or script) are ipyparallel's, IPython's and distnb's.
+        entries = entries[tops[0] :]
     lines.append("Stack (most recent call last):")
     package = os.path.dirname(os.path.dirname(__file__))
     # distnb's own frames (a checked collective waiting for peers) say nothing to the user.

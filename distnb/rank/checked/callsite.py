@@ -3,7 +3,8 @@
 Frames of torch and distnb are never the user's; frames of other installed libraries
 (site-packages) and of the standard library are skipped too, so that `accelerate.gather(x)` in a
 cell reports the cell's line; when the whole stack is library code, the innermost frame outside
-torch and distnb is reported instead.
+torch and distnb is reported instead. A script run with `%dist_run` and the modules beside it
+are the user's wherever they lie, under site-packages too (`set_user_paths`).
 
 The same walk finds the call's **origin** (`origin.py`): the innermost library function between
 the collective and the user's code that names where it comes from (DDP's constructor, FSDP2's
@@ -38,8 +39,9 @@ import torch
 
 from distnb.rank.checked import graphs, origin
 from distnb.records.collective import CallSite
+from distnb.userfiles import is_users
 
-__all__ = ["UNKNOWN", "Site", "lookup", "set_cell_resolver"]
+__all__ = ["UNKNOWN", "Site", "lookup", "set_cell_resolver", "set_user_paths", "user_paths"]
 
 # (file, line, cell or -1, source line): a plain tuple, so it marshals into a fingerprint as is
 Site = tuple[str, int, int, str]
@@ -76,6 +78,8 @@ _lines: dict[tuple[str, int], str] = {}
 # (id(code) or a file, line) -> site; valid while `_codes` holds the code, until the next cell
 _sites: dict[tuple[int | str, int], Site] = {}
 _resolver: Callable[[str], int | None] | None = None
+# the running script's paths (`userfiles.script_paths`): the user's code wherever they lie
+_user: tuple[str, ...] = ()
 
 
 def set_cell_resolver(resolver: Callable[[str], int | None] | None) -> None:
@@ -86,6 +90,21 @@ def set_cell_resolver(resolver: Callable[[str], int | None] | None) -> None:
     if resolver is not _resolver:
         _resolver = resolver
         _codes.clear()
+
+
+def set_user_paths(paths: tuple[str, ...]) -> None:
+    """From now on the files at `paths` (a script, a folder ending in a separator) are the
+    user's code, wherever they lie; `()` when the script has ended."""
+    global _user
+    if paths != _user:
+        _user = paths
+        _codes.clear()
+        _sites.clear()
+
+
+def user_paths() -> tuple[str, ...]:
+    """The running script's paths (`set_user_paths`), `()` between scripts."""
+    return _user
 
 
 def lookup(skip: int = 2) -> tuple[Site, str]:
@@ -160,7 +179,8 @@ def _traced(recorded: graphs.Stack, compiled: str) -> Site | None:
     for file, line, _, text in recorded:
         file = compiled if file == first else file
         path = os.path.abspath(file) if os.sep in file else ""
-        if _kind(path) != 0 or _INSTALLED.search(path) or graphs.is_generated(file):
+        installed = _INSTALLED.search(path) and not is_users(path, _user)
+        if _kind(path) != 0 or installed or graphs.is_generated(file):
             continue
         site = _file_site(file, line)
         if site[3] == text[:_CODE_LEN]:
@@ -219,6 +239,8 @@ def _classify(code: CodeType) -> Info:
 
 def _kind(path: str) -> int:
     """0: the user's file, 1: another library's, 2: torch's or distnb's (`path` absolute)."""
+    if _user and is_users(path, _user):
+        return 0
     return 2 if path.startswith(_INTERNAL_DIRS) else 1 if path.startswith(_LIBRARY_DIRS) else 0
 
 

@@ -33,6 +33,7 @@ from distnb.errors import DebuggerQuit
 from distnb.rank.debug.ask import Asker, NoInput
 from distnb.records.collective import CallSite
 from distnb.records.debug import AskKind
+from distnb.userfiles import is_users, script_paths
 
 __all__ = ["RankPdb", "site", "user_stack"]
 
@@ -201,10 +202,11 @@ def user_stack(stack: Stack, index: int, cell_of: CellOf) -> tuple[Stack, int]:
     kept = [k for k in range(start, len(stack)) if not _is_distnb(stack[k][0])]
     if not kept:
         return stack, index
+    script = _script_of(stack[start][0], cell_of)
     if index in kept:
         current = kept.index(index)
     else:
-        own = [i for i, k in enumerate(kept) if k < index and not _is_library(stack[k][0])]
+        own = [i for i, k in enumerate(kept) if k < index and not _is_library(stack[k][0], script)]
         below = [i for i, k in enumerate(kept) if k < index]
         current = own[-1] if own else below[-1] if below else len(kept) - 1
     return [stack[k] for k in kept], current
@@ -215,8 +217,18 @@ def _is_distnb(frame: FrameType) -> bool:
     return name == "distnb" or name.startswith("distnb.")
 
 
-def _is_library(frame: FrameType) -> bool:
-    return frame.f_code.co_filename.startswith(_LIBRARIES)
+def _script_of(top: FrameType, cell_of: CellOf) -> tuple[str, ...]:
+    """The paths of the script `top` runs as `__main__` (`%dist_run`), which are the user's
+    wherever they lie; () for a cell."""
+    file = top.f_code.co_filename
+    if top.f_code.co_name != "<module>" or cell_of(file) is not None:
+        return ()
+    return script_paths(file) if top.f_globals.get("__name__") == "__main__" else ()
+
+
+def _is_library(frame: FrameType, script: tuple[str, ...] = ()) -> bool:
+    file = frame.f_code.co_filename
+    return file.startswith(_LIBRARIES) and not is_users(file, script)
 
 
 @contextmanager

@@ -13,6 +13,7 @@ takes the part of the log written since the cell started and turns it into the r
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import sys
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankInfo
 from distnb.session.cluster.members import Member, Role, own_lines
+from distnb.userfiles import is_users
 
 __all__ = [
     "RESTART",
@@ -75,37 +77,48 @@ def death_reason(member: Member, how: str, ranks: Sequence[RankInfo], when: str 
     return f"{member_name(member, ranks)} {how}{when}: {means}. {RESTART}"
 
 
-def crash_site(lines: Sequence[str], code: str) -> str:
+def crash_site(lines: Sequence[str], code: str, user: Sequence[str] = ()) -> str:
     """`, at line 4: dist.broadcast(x, src=1)` from faulthandler's dump of a dying rank: the
-    innermost frame of the cell (its line looked up in the cell's `code`), else of a file of
-    the user's (a script); "" when the dump names neither."""
+    innermost frame of the user's: a file of `user` (the script a `%dist_run` ran and the
+    folder beside it, wherever they lie: `distnb.userfiles`), else the cell (its line looked up
+    in the cell's `code`), else any file outside the libraries; "" when the dump names none."""
     fallback = ""
     for line in lines:
         frame = _FRAME.match(line)
         if frame is None:
             continue
         path, number = frame["file"], int(frame["line"])
-        if _CELL_FILE.search(path):
+        if is_users(path, user):
+            text = linecache.getline(path, number).strip()
+            return f", at {path} line {number}" + (f": {text}" if text else "")
+        if _CELL_FILE.search(path) and not user:
             source = code.splitlines()
             text = source[number - 1].strip() if 0 < number <= len(source) else ""
             return f", at line {number}: {text}" if text else f", at line {number}"
-        if not fallback and not _is_library(path):
+        if not fallback and not _is_library(path) and not _CELL_FILE.search(path):
             fallback = f", at {path} line {number}"
     return fallback
 
 
 def death_report(
-    info: RankInfo, how: str, when: str, log: str, code: str | None, shared: bool = False
+    info: RankInfo,
+    how: str,
+    when: str,
+    log: str,
+    code: str | None,
+    shared: bool = False,
+    user: Sequence[str] = (),
 ) -> list[str]:
     """The lines of a `RankDiedError` for one rank: who, how and when (" in cell In[4]") it
-    died, at which line of `code` (the cell it ran, if known), and its last output (`log`: what
-    it wrote since the cell started, gloo's or NCCL's abort reason included; `shared`: the log
-    of a launcher that every rank writes to, such as mpiexec's).
+    died, at which line of `code` (the cell it ran, if known) or of the script it ran (`user`:
+    its paths), and its last output (`log`: what it wrote since the cell started, gloo's or
+    NCCL's abort reason included; `shared`: the log of a launcher that every rank writes to,
+    such as mpiexec's).
     """
     lines = own_lines(log)
     fatal = next((i for i, line in enumerate(lines) if line.startswith(_FATAL)), len(lines))
     said, dump = lines[:fatal], lines[fatal:]
-    site = crash_site(dump, code) if code is not None else ""
+    site = crash_site(dump, code, user) if code is not None else ""
     report = [f"rank {info.rank} (pid {info.pid} on {info.host}) {how}{when}{site}"]
     if said:
         shown = said[-LAST_LINES:]

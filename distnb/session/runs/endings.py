@@ -12,6 +12,7 @@ from distnb.session.cluster.deaths import death_report, stopped_detail, stopped_
 from distnb.session.cluster.members import Members
 from distnb.session.runs.failures import stuck_message
 from distnb.session.runs.request import CellRequest
+from distnb.session.runs.scripts import user_paths
 
 __all__ = ["died_error", "timeout_error", "where_running"]
 
@@ -84,7 +85,8 @@ def died_error(
         shared = members.log_shared(info.pid)
         shown.add(path)
         how = hows[info.rank]
-        lines.extend(death_report(info, how, when, log, None if shared else code, shared))
+        user = user_paths(code) if code is not None else ()
+        lines.extend(death_report(info, how, when, log, None if shared else code, shared, user))
         failures.append(RankFailure(info.rank, "RankDied", how, ""))
     message = (
         "\n".join(lines)

@@ -9,6 +9,7 @@ cell's).
 
 from __future__ import annotations
 
+import ast
 import os
 import shlex
 from collections.abc import Sequence
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from distnb.errors import ConfigError
 from distnb.records.cell import RankInfo
 from distnb.session.runs.request import CellRequest
+from distnb.userfiles import script_paths
 
-__all__ = ["ScriptRequest", "script_request"]
+__all__ = ["ScriptRequest", "script_request", "user_paths"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +51,24 @@ def script_request(
     `run_id`, on `targets`; the path and arguments are checked here, before any rank is asked."""
     full = _script_path(path)
     argv = [path, *_words(args)]
-    code = (
-        "__import__('distnb.rank.scripts', fromlist=['run_main']).run_main("
-        f"{full!r}, {argv!r}, {os.getcwd()!r})"
-    )
+    code = f"{_LAUNCHER}{full!r}, {argv!r}, {os.getcwd()!r})"
     return ScriptRequest(cell, run_id, code, targets, check, timeout, script=path)
+
+
+# The one line a script's run sends the ranks: `run_main(path, argv, cwd)`.
+_LAUNCHER = "__import__('distnb.rank.scripts', fromlist=['run_main']).run_main("
+
+
+def user_paths(code: str) -> tuple[str, ...]:
+    """The user's paths (`distnb.userfiles.script_paths`) while the run of `code` runs: the
+    script it launches and the folder beside it; `()` for a cell."""
+    if not code.startswith(_LAUNCHER):
+        return ()
+    try:
+        path, *_ = ast.literal_eval(code[len(_LAUNCHER) - 1 :])
+    except (ValueError, SyntaxError):
+        return ()
+    return script_paths(path) if isinstance(path, str) else ()
 
 
 def _script_path(path: str) -> str:
