@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.errors import SessionError
-from distnb.rank import checked, shell
+from distnb.rank import checked, fresh, shell
 from distnb.rank.signed import SignedStore
 from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
@@ -89,6 +89,7 @@ def init(spec: RankSpec) -> RankInfo:
     world.hook()
     shell.bind(spec, device, world)
     stacks.start()
+    fresh.remember()  # what each %dist_run starts from, as a new torchrun worker would
     return RankInfo(
         rank=spec.rank,
         local_rank=spec.local_rank,
@@ -235,6 +236,7 @@ def shutdown() -> None:
     global _runtime
     if _runtime is None:
         return
+    fresh.forget()
     shell.unbind()
     World.unhook()
     _uninstall_checks()

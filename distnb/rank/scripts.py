@@ -3,8 +3,10 @@
 `run_main` is what a `%dist_run` cell calls on every rank: the file runs as `__main__` in a
 module of its own (so `if __name__ == "__main__":` fires and pickling `__main__` classes works),
 with `sys.argv`, `sys.path[0]`, `__file__` and the working directory set as Python and torchrun set
-them, and everything put back afterwards. The rank's torchrun environment and process group are
-already there (`distnb.rank.runtime`).
+them, in a process that looks as a fresh torchrun worker's (`distnb.rank.fresh`: the libraries it
+imports are imported afresh, environment, logging, random state and torch's switches as the
+rank had them when it joined), and everything put back afterwards for the cells. The rank's
+torchrun environment and process group are already there (`distnb.rank.runtime`).
 
 The script and the modules beside it are the user's code wherever they lie (under site-packages
 too: `distnb.userfiles`): call sites and hang reports name their lines. Tracebacks start at the
@@ -22,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from distnb.rank import checked, fresh
 from distnb.rank.checked import callsite
 from distnb.userfiles import script_paths
 
@@ -48,8 +51,9 @@ def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
     module = _main_module(path)
     _tracebacks_from(path)
     callsite.set_user_paths(script_paths(path))
+    checked.forget_groups()  # collectives count from #0 in each run, as in a new process group
     try:
-        with _as_main(module, path, argv, cwd):
+        with fresh.as_fresh(), _as_main(module, path, argv, cwd):
             exec(code, module.__dict__)
     except SystemExit as exc:
         if exc.code not in (0, None):
@@ -77,7 +81,6 @@ def _as_main(
 ) -> Iterator[None]:
     """`module` is `__main__`, argv and the script's folder are set; all restored on leaving."""
     folder = os.path.dirname(path)
-    loaded = set(sys.modules)
     saved_main = sys.modules.get("__main__")
     saved_argv, saved_path = sys.argv, list(sys.path)
     saved_cwd = os.getcwd()
@@ -95,16 +98,6 @@ def _as_main(
         sys.path[:] = saved_path
         with suppress(OSError):
             os.chdir(saved_cwd)
-        _forget_modules(set(sys.modules) - loaded, folder)
-
-
-def _forget_modules(names: set[str], folder: str) -> None:
-    """Unload the modules the script imported from its own folder, so the next run imports
-    them afresh, edits included, as a new torchrun process would."""
-    for name in names:
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(file, str) and os.path.abspath(file).startswith(folder + os.sep):
-            del sys.modules[name]
 
 
 def _exit_message(name: str, code: Any) -> str:

@@ -1,0 +1,162 @@
+"""Which imported modules a run gets afresh, and which the rank's process keeps.
+
+A torchrun worker imports every library anew, so a library's singletons (Accelerate's
+`PartialState`, a registry filled at import, a module-level cache) start empty. A run gets the
+same by importing again what it uses: the modules imported since the rank joined are taken out
+of `sys.modules` for the run (and the cells' put back after it), except those the process keeps:
+
+- what was imported when the rank joined (torch, the engine's machinery), and every package
+  those require (read from the installed distributions' metadata): torch imports sympy or
+  networkx later, on first use, and must keep meeting the objects it made, not a second copy;
+- the standard library (interpreter state: its shared parts are reset one by one elsewhere);
+- any package with compiled code (numpy, safetensors, tokenizers): an extension module cannot
+  be initialised twice in one process (numpy refuses, PyO3 modules used to), and its Python
+  layer must stay the one the extension was initialised with;
+- distnb itself (the session's state).
+
+Everything else, Accelerate, transformers, the user's own packages and the modules beside the
+script, is imported afresh by each run that uses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.metadata as metadata
+import os
+import re
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["ModulesPart"]
+
+Modules = dict[str, Any]  # sys.modules as it was: name -> module (or whatever was put there)
+
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+# Always the process's: distnb, and the distributions its engines run on.
+_ROOTS = ("distnb", "torch", "ipyparallel", "ipykernel")
+
+
+class ModulesPart:
+    """`sys.modules`: for a run, the join's plus what the process keeps; after it, the cells'."""
+
+    name = "imported modules"
+
+    def __init__(self) -> None:
+        self._kept: set[str] | None = None  # top-level names the process keeps
+        self._compiled: set[str] = set()  # top-level packages found to hold extension modules
+        self._joined: Modules = {}
+        self._verdicts: dict[str, bool] = {}  # top-level name -> kept (a run checks thousands)
+
+    def capture(self) -> Modules:
+        return dict(sys.modules)
+
+    def joined(self, modules: Modules) -> None:
+        """Told the join's modules once, at the join: what the process keeps starts there."""
+        self._joined = modules
+
+    def fresh(self, joined: Modules) -> None:
+        self._drop(joined)
+        for name, module in joined.items():
+            sys.modules.setdefault(name, module)
+        # a file written since the last import (an edited helper next to the script) is seen
+        importlib.invalidate_caches()
+
+    def restore(self, saved: Modules) -> None:
+        self._drop(saved)
+        sys.modules.update(saved)
+
+    def _drop(self, keep: Mapping[str, Any]) -> None:
+        """Take out every module that is neither in `keep` nor the process's."""
+        new = [name for name in list(sys.modules) if name not in keep]
+        self._note_compiled(new)
+        for name in new:
+            if not self.kept(name):
+                sys.modules.pop(name, None)
+
+    def kept(self, name: str) -> bool:
+        """Whether the module `name` stays loaded from one run to the next."""
+        top = name.partition(".")[0]
+        verdict = self._verdicts.get(top)
+        if verdict is None:
+            if self._kept is None:
+                self._kept = _process_names(self._joined)
+            verdict = top in self._kept or top in self._compiled or _is_stdlib(top, sys.modules)
+            self._verdicts[top] = verdict
+        return verdict
+
+    def _note_compiled(self, names: Iterable[str]) -> None:
+        for name in names:
+            top = name.partition(".")[0]
+            if top not in self._compiled and _is_extension(sys.modules.get(name)):
+                self._compiled.add(top)
+                self._verdicts.pop(top, None)
+
+
+def _is_extension(module: object) -> bool:
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and file.endswith(_EXTENSIONS)
+
+
+def _is_stdlib(top: str, modules: Mapping[str, Any]) -> bool:
+    """A standard-library module: by name, and loaded from the standard library's folder (a
+    user's `logging.py` beside the script is not), or built in."""
+    if top not in sys.stdlib_module_names:
+        return False
+    file = getattr(modules.get(top), "__file__", None)
+    return not isinstance(file, str) or os.path.abspath(file).startswith(_STDLIB)
+
+
+def _process_names(joined: Mapping[str, Any]) -> set[str]:
+    """Top-level names of what the process keeps: the join's modules, and the import names of
+    every distribution that distnb, torch and the engine require (transitively)."""
+    names = {name.partition(".")[0] for name in joined} | set(_ROOTS)
+    for dist in _required(_ROOTS):
+        names.update(_import_names(dist))
+    return names
+
+
+def _required(roots: Iterable[str]) -> set[str]:
+    """The distributions `roots` require, transitively (extras left out), `roots` included."""
+    found = {_normal(r) for r in roots}
+    todo = list(found)
+    while todo:
+        try:
+            requires = metadata.requires(todo.pop()) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for requirement in requires:
+            match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+            if match is None or re.search(r"extra\s*==", requirement):
+                continue
+            name = _normal(match.group(1))
+            if name not in found:
+                found.add(name)
+                todo.append(name)
+    return found
+
+
+def _import_names(dist_name: str) -> set[str]:
+    """The top-level import names an installed distribution provides."""
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        return set()
+    listed = dist.read_text("top_level.txt")
+    if listed:
+        return set(listed.split())
+    names = set()
+    for file in dist.files or ():
+        head = file.parts[0]
+        if len(file.parts) == 1 and head.endswith(".py"):
+            names.add(head[:-3])
+        elif len(file.parts) > 1 and not head.endswith((".dist-info", ".data", "..")):
+            names.add(head)
+    return names
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

@@ -1,0 +1,165 @@
+"""A run's process state (`distnb.rank.fresh`), in this very process: what a run changes does
+not reach the next run nor the cells, and what cells changed since the join does not reach a
+run. Real modules, real logging, warnings, signals, torch switches and generators."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import signal
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from distnb.rank import fresh
+
+
+@pytest.fixture
+def joined(tmp_path: Path) -> Iterator[Path]:
+    """The process as a rank has it at the join (a package folder on the path, not imported
+    yet); `as_fresh` blocks play runs, the test's own code the cells."""
+    (tmp_path / "statelib").mkdir()
+    (tmp_path / "statelib" / "__init__.py").write_text("STATE: list[str] = []\n")
+    sys.path.insert(0, str(tmp_path))
+    fresh.remember()
+    yield tmp_path
+    fresh.forget()
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("statelib", None)
+
+
+def test_a_library_imported_in_a_run_starts_empty_in_the_next(joined: Path) -> None:
+    import statelib  # the cells' copy
+
+    statelib.STATE.append("cells")
+    seen = []
+    for run in ("first", "second"):
+        with fresh.as_fresh():
+            import statelib as theirs
+
+            seen.append(list(theirs.STATE))
+            theirs.STATE.append(run)
+            assert theirs is not statelib
+    assert seen == [[], []]  # each run imported it afresh
+    assert sys.modules["statelib"] is statelib and statelib.STATE == ["cells"]
+
+
+def test_the_standard_library_torch_and_compiled_packages_stay_loaded(joined: Path) -> None:
+    candidates = [n for n in ("yaml", "regex", "markupsafe") if n not in sys.modules]
+    with fresh.as_fresh():
+        import xml.dom.minidom  # noqa: F401 - standard library
+
+        import torch.distributed.fsdp  # noqa: F401 - torch's, imported since the join
+
+        for name in candidates:
+            __import__(name)
+        loaded = {n: sys.modules[n] for n in ("xml.dom.minidom", "torch.distributed.fsdp")}
+        loaded.update({n: sys.modules[n] for n in candidates})
+    with fresh.as_fresh():
+        for name, module in loaded.items():
+            assert sys.modules.get(name) is module, f"{name} was imported again"
+
+
+def test_environment_logging_warnings_and_builtins_are_the_joins(joined: Path) -> None:
+    os.environ["DISTNB_CELL_VAR"] = "cells"  # set by a cell after the join
+    logging.getLogger("distnb.test.fresh").setLevel(logging.ERROR)
+    root_handlers = list(logging.root.handlers)
+    try:
+        with fresh.as_fresh():
+            assert "DISTNB_CELL_VAR" not in os.environ
+            assert logging.getLogger("distnb.test.fresh").level == logging.NOTSET
+            os.environ["DISTNB_RUN_VAR"] = "run"
+            logging.basicConfig(level=logging.DEBUG, force=True)
+            warnings.simplefilter("error")
+            builtins.distnb_test_name = 1  # type: ignore[attr-defined]
+        assert os.environ["DISTNB_CELL_VAR"] == "cells" and "DISTNB_RUN_VAR" not in os.environ
+        assert logging.root.handlers == root_handlers
+        assert logging.getLogger("distnb.test.fresh").level == logging.ERROR
+        assert not hasattr(builtins, "distnb_test_name")
+        with warnings.catch_warnings(record=True):
+            warnings.warn("not an error", UserWarning, stacklevel=1)  # filters back
+    finally:
+        del os.environ["DISTNB_CELL_VAR"]
+        logging.getLogger("distnb.test.fresh").setLevel(logging.NOTSET)
+
+
+def test_a_warning_shown_once_in_a_run_shows_again_in_the_next(joined: Path) -> None:
+    shown = []
+    for _ in range(2):
+        with fresh.as_fresh(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("once")
+            warnings.warn("deprecated thing", FutureWarning, stacklevel=1)
+            shown.append(len(caught))
+    assert shown == [1, 1]
+
+
+def test_signal_handlers_but_sigint_are_the_joins(joined: Path) -> None:
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    saved = signal.getsignal(signal.SIGUSR1)
+    try:
+        with fresh.as_fresh():
+            signal.signal(signal.SIGUSR1, mine)
+            sigint = signal.getsignal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGUSR1) is saved
+        assert sigint is signal.getsignal(signal.SIGINT)  # Ctrl-C stays the cell's
+    finally:
+        signal.signal(signal.SIGUSR1, saved)
+
+
+def test_torch_switches_are_the_joins_during_and_the_cells_after(joined: Path) -> None:
+    threads = torch.get_num_threads()
+    torch.set_printoptions(precision=2)  # a cell's choice, since the join
+    try:
+        for _ in range(2):
+            with fresh.as_fresh():
+                assert torch.get_default_dtype() == torch.float32
+                assert torch.is_grad_enabled() and not torch.is_anomaly_enabled()
+                assert not torch.are_deterministic_algorithms_enabled()
+                assert str(torch.tensor([1 / 3])) == "tensor([0.3333])"
+                torch.set_default_dtype(torch.float64)
+                torch.set_num_threads(threads + 1)
+                torch.use_deterministic_algorithms(True)
+                torch.set_grad_enabled(False)
+                torch.autograd.set_detect_anomaly(True)
+                torch.set_float32_matmul_precision("medium")
+        assert str(torch.tensor([1 / 3])) == "tensor([0.33])"
+    finally:
+        torch.set_printoptions(profile="default")
+    assert torch.get_default_dtype() == torch.float32 and torch.get_num_threads() == threads
+    assert not torch.are_deterministic_algorithms_enabled() and torch.is_grad_enabled()
+    assert not torch.is_anomaly_enabled()
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_runs_get_new_seeds_and_the_cells_sequence_goes_on(joined: Path) -> None:
+    import random
+
+    torch.manual_seed(7)
+    random.seed(7)
+    expected = torch.rand(3), random.random()
+    torch.manual_seed(7)
+    random.seed(7)
+    draws = []
+    for _ in range(2):
+        with fresh.as_fresh():
+            draws.append((torch.initial_seed(), torch.rand(3), random.random()))
+    assert draws[0][0] != draws[1][0] and not torch.equal(draws[0][1], draws[1][1])
+    assert draws[0][2] != draws[1][2]
+    after = torch.rand(3), random.random()
+    assert torch.equal(after[0], expected[0]) and after[1] == expected[1]
+
+
+def test_outside_a_rank_nothing_is_reset() -> None:
+    os.environ["DISTNB_OUTSIDE"] = "1"
+    try:
+        with fresh.as_fresh():  # nothing remembered: plain Python, a test
+            assert os.environ["DISTNB_OUTSIDE"] == "1"
+    finally:
+        del os.environ["DISTNB_OUTSIDE"]
