@@ -112,6 +112,16 @@ SCRIPTS = {
         sys.exit(int(sys.argv[1]))
         print("never")
         """,
+    "leaves.py": """\
+        import logging, os, warnings
+        import torch
+        print("sees", os.environ.get("LEFT_BY_RUN"), os.environ.get("SET_BY_CELL"),
+              torch.get_default_dtype(), len(logging.root.handlers), warnings.filters[0][0])
+        os.environ["LEFT_BY_RUN"] = "1"
+        logging.basicConfig(level=logging.DEBUG)
+        warnings.simplefilter("error")
+        torch.set_default_dtype(torch.float64)
+        """,
     "state.py": """\
         import os, sys
         print(__name__, os.path.basename(__file__), sys.argv[1:], os.getcwd() == sys.argv[1],
@@ -157,6 +167,36 @@ def test_a_script_runs_as_main_with_its_argv(
     # the rank's own interpreter state is put back
     result = session.run("import sys\n(__name__, len(sys.argv), sys.modules['__main__'].__name__)")
     assert result.result(0) == result.result(1) == "('__main__', 1, '__main__')"
+
+
+def test_what_a_run_leaves_reaches_neither_the_next_run_nor_the_cells(
+    session: Session, scripts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session.run(
+        "import os\nos.environ['SET_BY_CELL'] = '1'\ntorch.manual_seed(rank)\nfirst = torch.rand(1)"
+    )
+    for _ in range(2):
+        session.run_script(str(scripts / "leaves.py"))
+    out = capsys.readouterr().out
+    seen = [line for line in out.splitlines() if "sees" in line]
+    # the join's environment (not the cell's), torch's default dtype, no handler, no error filter
+    assert len(seen) == 2 and seen[0] == seen[1], out
+    assert seen[0].startswith("[ranks 0-1] sees None None torch.float32 0 "), out
+    assert not seen[0].endswith(" error"), out
+    after = session.run(
+        "import logging, os, warnings\n"
+        "second = torch.rand(1)\n"
+        "torch.manual_seed(rank)\n"
+        "print(os.environ.get('LEFT_BY_RUN'), os.environ.get('SET_BY_CELL'),\n"
+        "      torch.get_default_dtype(), len(logging.root.handlers), warnings.filters[0][0],\n"
+        "      torch.equal(torch.rand(2), torch.cat([first, second])))"
+    )
+    # the cells' own state is back, their random sequence going on as if no run had been
+    for rank in (0, 1):
+        assert after.stdout(rank).split()[:3] == ["None", "1", "torch.float32"]
+        assert after.stdout(rank).split()[-1] == "True"
+        assert after.stdout(rank).split()[4] != "error"
+    session.run("del os.environ['SET_BY_CELL']")
 
 
 def test_a_torchrun_script_prints_what_it_prints_under_torchrun(
