@@ -122,6 +122,15 @@ SCRIPTS = {
         warnings.simplefilter("error")
         torch.set_default_dtype(torch.float64)
         """,
+    "subgroup.py": """\
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group()
+        pair = dist.new_group([0, 1])
+        x = torch.ones(1)
+        dist.all_reduce(x, group=pair)
+        print("pair", x.item())
+        """,
     "state.py": """\
         import os, sys
         print(__name__, os.path.basename(__file__), sys.argv[1:], os.getcwd() == sys.argv[1],
@@ -197,6 +206,19 @@ def test_what_a_run_leaves_reaches_neither_the_next_run_nor_the_cells(
         assert after.stdout(rank).split()[-1] == "True"
         assert after.stdout(rank).split()[4] != "error"
     session.run("del os.environ['SET_BY_CELL']")
+
+
+def test_groups_a_run_leaves_end_with_it_and_the_cells_groups_stay(
+    session: Session, scripts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    count = "import torch.distributed.distributed_c10d as c10d\nlen(c10d._world.pg_map)"
+    before = int(session.run("mine = dist.new_group([0, 1])\n" + count).result(0) or 0)
+    for _ in range(2):
+        session.run_script(str(scripts / "subgroup.py"))
+    assert "[ranks 0-1] pair 2.0" in capsys.readouterr().out
+    assert session.run(count).result(1) == str(before)
+    result = session.run("x = torch.ones(1)\ndist.all_reduce(x, group=mine)\nx.item()")
+    assert result.result(0) == "2.0"
 
 
 def test_a_torchrun_script_prints_what_it_prints_under_torchrun(

@@ -6,7 +6,8 @@ flags, the SDPA backends, print options, `warn_always`) and the values in torch'
 modules (`torch._dynamo.config`, ...). The random generators get a new seed from the operating
 system at the start of a run, as a fresh process does (torch 2.13 seeds its default generator
 so too, as do Python's `random` and numpy), and the cells' generators are put back after it, so
-a run leaves the cells' random sequence where it was.
+a run leaves the cells' random sequence where it was. Process groups a run made and left are
+destroyed when it ends, as they end with a torchrun worker.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed.distributed_c10d as c10d
 
 __all__ = ["PARTS"]
 
@@ -180,4 +182,25 @@ def _numpy_state() -> Any:
     return numpy.get_state() if numpy is not None else None
 
 
-PARTS = (SwitchesPart(), ConfigPart(), RandomPart())
+class GroupsPart:
+    """Process groups a run made (`new_group`, a device mesh's) and did not destroy: destroyed
+    when it ends. The default group is distnb's (`distnb.rank.world` makes it again if a
+    script destroyed it) and the cells' groups stay theirs."""
+
+    name = "process groups"
+
+    def capture(self) -> list[Any]:
+        return list(c10d._world.pg_map)
+
+    def fresh(self, joined: list[Any]) -> None:
+        """A run starts with the groups there are: the cells' are theirs to keep."""
+
+    def restore(self, saved: list[Any]) -> None:
+        kept = {id(pg) for pg in saved}
+        default = c10d.GroupMember.WORLD
+        for pg in list(c10d._world.pg_map):
+            if id(pg) not in kept and pg is not default:
+                c10d.destroy_process_group(pg)  # torch's own for a group that is not WORLD
+
+
+PARTS = (SwitchesPart(), ConfigPart(), RandomPart(), GroupsPart())
