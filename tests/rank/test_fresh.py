@@ -138,6 +138,51 @@ def test_torch_switches_are_the_joins_during_and_the_cells_after(joined: Path) -
     assert torch.get_float32_matmul_precision() == "highest"
 
 
+def tf32_state() -> list[object]:
+    """Every TF32 setting, old API and new; "unreadable" where torch refuses to read one."""
+    backends = torch.backends
+    getters = [
+        lambda: backends.cuda.matmul.allow_tf32,
+        lambda: backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision,
+        *(
+            (lambda o=o: o.fp32_precision)
+            for o in (backends, backends.cuda.matmul, backends.cudnn, backends.mkldnn)
+        ),
+    ]
+    state: list[object] = []
+    for get in getters:
+        try:
+            state.append(get())
+        except RuntimeError:
+            state.append("unreadable")
+    return state
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "torch.backends.cuda.matmul.allow_tf32 = True",
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'",
+        "torch.set_float32_matmul_precision('medium')",
+        "torch.backends.fp32_precision = 'tf32'",
+        "torch.backends.cudnn.allow_tf32 = False",
+        "torch.backends.cudnn.fp32_precision = 'tf32'",
+        "torch.backends.mkldnn.fp32_precision = 'bf16'",
+    ],
+)
+def test_tf32_either_api_is_set_back_readable(joined: Path, change: str) -> None:
+    """torch 2.13's two TF32 APIs write each other, and an old flag read after the new API was
+    used raises: whichever a run used, the next run and the cells find TF32 as it was."""
+    before = tf32_state()
+    assert "unreadable" not in before
+    with fresh.as_fresh(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the old API's deprecation
+        exec(change)
+        assert tf32_state() != before
+    assert tf32_state() == before
+
+
 def test_runs_get_new_seeds_and_the_cells_sequence_goes_on(joined: Path) -> None:
     import random
 

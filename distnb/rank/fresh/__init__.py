@@ -5,7 +5,8 @@ cache, logging or warnings setup, environment change, random state or torch swit
 from the run before. A rank's process lives for the whole session, so each piece of that state
 is captured when the rank joins (`remember`), set back to it when a run starts, and the cells'
 own put back when the run ends (`as_fresh`). Which modules a run imports afresh: `modules`;
-the interpreter's state: `interpreter`; torch's and the random generators: `torchstate`.
+the interpreter's state: `interpreter`; torch's switches: `switches`; torch's config modules,
+the random generators and process groups: `torchstate`.
 
 Why not a new process per run: the rank's process carries the engine (its output, stdin and
 debugger, live stacks, Ctrl-C, death reports) and the checked runtime; a process forked per run
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 from distnb.rank.fresh import interpreter, torchstate
 from distnb.rank.fresh.modules import ModulesPart
+from distnb.rank.fresh.switches import SwitchesPart
 
 __all__ = ["as_fresh", "forget", "remember"]
 
@@ -42,7 +44,7 @@ class Part(Protocol):
 
 _modules = ModulesPart()
 # modules first: the parts after it may import (numpy's generator, torch's config modules)
-PARTS: tuple[Part, ...] = (_modules, *interpreter.PARTS, *torchstate.PARTS)
+PARTS: tuple[Part, ...] = (_modules, *interpreter.PARTS, SwitchesPart(), *torchstate.PARTS)
 _joined: list[tuple[Part, Any]] | None = None
 
 

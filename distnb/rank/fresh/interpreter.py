@@ -110,11 +110,12 @@ class LoggingPart:
 
     def restore(self, saved: tuple[dict[str, LoggerState], int, Any]) -> None:
         loggers, disabled, captured = saved
-        _set_logger(logging.root, loggers[""])
+        changed = _set_logger(logging.root, loggers[""])
         for name, logger in list(logging.Logger.manager.loggerDict.items()):
             if isinstance(logger, logging.Logger):
-                _set_logger(logger, loggers.get(name, _NEW_LOGGER))
-        logging.disable(disabled)  # also clears the loggers' cached levels
+                changed |= _set_logger(logger, loggers.get(name, _NEW_LOGGER))
+        if changed or logging.root.manager.disable != disabled:
+            logging.disable(disabled)  # also clears the loggers' cached levels
         logging._warnings_showwarning = captured  # type: ignore[attr-defined]
 
 
@@ -128,12 +129,15 @@ def _logger_state(logger: logging.Logger) -> LoggerState:
     )
 
 
-def _set_logger(logger: logging.Logger, state: LoggerState) -> None:
+def _set_logger(logger: logging.Logger, state: LoggerState) -> bool:
+    """Set `logger` to `state`; whether its level changed (its cached levels are stale then)."""
     level, handlers, filters, propagate, disabled = state
+    changed = logger.level != level
     logger.level = level
     logger.handlers[:] = handlers
     logger.filters[:] = filters
     logger.propagate, logger.disabled = propagate, disabled
+    return changed
 
 
 class SignalsPart:
