@@ -138,6 +138,23 @@ def test_torch_switches_are_the_joins_during_and_the_cells_after(joined: Path) -
     assert torch.get_float32_matmul_precision() == "highest"
 
 
+def test_torch_config_modules_are_the_joins_during_and_the_cells_after(tmp_path: Path) -> None:
+    import torch._dynamo.config as config  # loaded at the join, as a rank may have it
+
+    default = config.cache_size_limit
+    fresh.remember()
+    try:
+        config.cache_size_limit = default + 3  # a cell's choice, since the join
+        for _ in range(2):
+            with fresh.as_fresh():
+                assert config.cache_size_limit == default
+                config.cache_size_limit = default + 90
+        assert config.cache_size_limit == default + 3
+    finally:
+        fresh.forget()
+        config.cache_size_limit = default
+
+
 def tf32_state() -> list[object]:
     """Every TF32 setting, old API and new; "unreadable" where torch refuses to read one."""
     backends = torch.backends

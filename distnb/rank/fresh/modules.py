@@ -50,6 +50,7 @@ class ModulesPart:
         self._compiled: set[str] = set()  # top-level packages found to hold extension modules
         self._joined: Modules = {}
         self._verdicts: dict[str, bool] = {}  # top-level name -> kept (a run checks thousands)
+        self._staying: set[str] = set()  # modules found kept: they stay kept, never checked again
 
     def capture(self) -> Modules:
         return dict(sys.modules)
@@ -71,10 +72,13 @@ class ModulesPart:
 
     def _drop(self, keep: Mapping[str, Any]) -> None:
         """Take out every module that is neither in `keep` nor the process's."""
-        new = [name for name in list(sys.modules) if name not in keep]
+        staying = self._staying
+        new = [name for name in list(sys.modules) if name not in keep and name not in staying]
         self._note_compiled(new)
         for name in new:
-            if not self.kept(name):
+            if self.kept(name):
+                staying.add(name)
+            else:
                 sys.modules.pop(name, None)
 
     def kept(self, name: str) -> bool:
