@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# "Named rather than hanging": how long a test lets a fault, mismatch or release take before it
+# fails. Far above the real times (well under 2 s on an idle machine, bench/ measures them) so a
+# loaded machine passes, far below the timeouts the cells set (60 s) or the hang there would be.
+NAMED_S = 30.0
 
 
 def plain(text: str) -> str:

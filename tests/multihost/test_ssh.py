@@ -17,6 +17,7 @@ from distnb.errors import (
     CollectiveMismatchError,
 )
 from distnb.session import Session
+from tests.conftest import NAMED_S
 from tests.multihost.conftest import engines_on, start_on
 from tests.multihost.hosts import Lan, missing
 
@@ -81,7 +82,7 @@ def test_a_rank_that_finishes_releases_its_peer_on_the_other_host(two_hosts: Ses
     started = time.monotonic()
     with pytest.raises(CollectiveDesyncError, match="rank 1 finished"):
         two_hosts.run("x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < NAMED_S  # released, not left hanging
     assert two_hosts.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(1) == "2.0"
 
 
@@ -95,4 +96,8 @@ def test_the_timeline_shows_hosts_on_one_clock(two_hosts: Session) -> None:
     two_hosts.run("x = torch.ones(1)\nfor _ in range(3):\n    dist.all_reduce(x)")
     view = two_hosts.timeline(cells=1)
     assert view.timeline.offsets_applied and view.timeline.hosts == {0: "h2", 1: "h3"}
-    assert "rank 1 (h3)" in repr(view)
+    assert view.timeline.who(1) == "rank 1 (h3)"
+    # the text names ranks with their hosts wherever it names them: which rank arrived last
+    # (the waits' table) is up to the machine, so either may be the one shown
+    text = repr(view)
+    assert "rank 0 (h2)" in text or "rank 1 (h3)" in text, text

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from distnb.errors import RankError, RankTimeoutError
-from tests.conftest import interrupt_once_created, plain
+from tests.conftest import NAMED_S, interrupt_once_created, plain
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -133,7 +133,7 @@ def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
     with pytest.raises(KeyboardInterrupt):
         session.run(code)
     thread.join()
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < NAMED_S  # interrupted, not the cell's 60 s sleep
     capsys.readouterr()
     session.run("print('still here', rank)")
     assert "[rank 0] still here 0" in capsys.readouterr().out

@@ -20,6 +20,7 @@ from distnb.errors import (
     RankTimeoutError,
 )
 from distnb.records.collective import MatchKind
+from tests.conftest import NAMED_S
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -98,7 +99,7 @@ def test_mismatch_names_each_rank_call_and_line(
     started = time.monotonic()
     with pytest.raises(CollectiveMismatchError) as info:
         session.run(code)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < NAMED_S
     err = info.value
     assert err.mismatch is not None and err.mismatch.kind is kind
     assert [f.rank for f in err.failures] == [0, 1]  # every rank raised, nothing was sent
@@ -172,8 +173,8 @@ def test_a_rank_that_leaves_the_loop_early_releases_the_others(session: Session)
     )
     started = time.monotonic()
     with pytest.raises(CollectiveDesyncError) as info:
-        session.run(code, timeout=30)
-    assert time.monotonic() - started < 5
+        session.run(code, timeout=60)
+    assert time.monotonic() - started < NAMED_S  # named, not the cell's timeout
     message = info.value.message
     assert "rank 1 finished the cell without calling all_reduce #" in message
     assert "line 5" in message

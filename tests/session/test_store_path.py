@@ -16,12 +16,12 @@ import distnb
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, RankDiedError
 from distnb.rank.checked.checker import SHM_VAR
 from distnb.session import Session
+from tests.conftest import NAMED_S
 
 pytestmark = pytest.mark.cluster
 
-# A correctness bound for a release that takes well under a second (bench/bench_session.py),
-# loose enough for a loaded CI machine.
-RELEASED_S = 10
+# A release takes well under a second (bench/bench_session.py); the bound is NAMED_S's.
+RELEASED_S = NAMED_S
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,12 @@ def attach(fe: Frontend) -> Dap:
     return dap
 
 
+def _idle(msg: dict[str, Any], msg_id: str) -> bool:
+    """Whether `msg` is the kernel's idle status after request `msg_id`."""
+    state = msg["content"].get("execution_state") if msg["msg_type"] == "status" else None
+    return state == "idle" and msg["parent_header"].get("msg_id") == msg_id
+
+
 def _text(msg: dict[str, Any]) -> str:
     """What an iopub message shows as text (the ranks' output is a live display area)."""
     content = msg["content"]
@@ -121,13 +127,16 @@ def output(fe: Frontend, msg_id: str, dap: Dap, timeout: float = 60) -> tuple[st
             raise AssertionError("no execute_reply") from None
         if msg["parent_header"].get("msg_id") == msg_id:
             break
-    time.sleep(0.2)  # iopub trails the reply
-    while True:
+    # iopub trails the reply: read it until the request's idle status, which comes after
+    # every output of the request (Jupyter's message ordering)
+    idle = any(_idle(m, msg_id) for m in dap.events)
+    while not idle:
         try:
-            m = fe.kc.get_iopub_msg(timeout=0.2)
+            m = fe.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
-            break
+            raise AssertionError("no idle status after the execute_reply") from None
         texts.append(_text(m))
+        idle = _idle(m, msg_id)
     dap.events.clear()
     return msg["content"]["status"], "\n".join(texts)
 
