@@ -53,7 +53,6 @@ import argparse
 import contextlib
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -67,6 +66,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from median_ci import ratio_of_medians  # noqa: E402
+from results import saved  # noqa: E402
 from spawned import Spawned  # noqa: E402
 
 from distnb import keys  # noqa: E402  (after the path: the bench runs from a checkout)
@@ -433,17 +433,27 @@ def time_with_gap(cluster: Cluster, gap_ms: float, quick: bool) -> None:
         print(_row(row, MODES), flush=True)
 
 
-def time_focus(cluster: Cluster, focus: list[str], rounds: int) -> None:
-    """The named `op:size` rows (`all_reduce:4MiB`) in the FOCUS_MODES only, in many rounds:
-    enough to tell 1.05x from 1.20x here. `barrier` is plain after an exchange through a
-    shared-memory board, as the checker makes, without the check: the floor of a check made
-    before data moves."""
+def time_focus(
+    cluster: Cluster, focus: list[str], rounds: int, modes: tuple[str, ...] = FOCUS_MODES
+) -> None:
+    """The named `op:size` rows (`all_reduce:4MiB`) in `modes` only, in many rounds: enough to
+    tell 1.05x from 1.20x here. `barrier` is plain after an exchange through a shared-memory
+    board, as the checker makes, without the check: the floor of a check made before data
+    moves. Each row gets a third line: each mode against torch without distnb (unloaded)."""
     sizes = {k.replace(" ", ""): k for k in SIZES}
     for item in focus:
         op, size = item.split(":")
         label = sizes[size]
-        row = measure(cluster, op, label, FOCUS_MODES, PLAN[label][0], rounds)
-        print(_row(row, FOCUS_MODES), flush=True)
+        row = measure(cluster, op, label, modes, PLAN[label][0], rounds)
+        unloaded = [_to_unloaded(row, m) for m in modes]
+        print(_row(row, modes) + "\n" + _line(["", "", ""], unloaded), flush=True)
+
+
+def _to_unloaded(row: Row, mode: str) -> str:
+    """The mode over torch without distnb (unloaded) in the same rounds, where both ran."""
+    if mode in ("plain", "unloaded") or "unloaded" not in row.rounds:
+        return ""
+    return _interval(*row.ratio(mode, "unloaded"))
 
 
 def mismatch_latency(cluster: Cluster, trials: int) -> list[float]:
@@ -531,11 +541,16 @@ def _line(lead: list[str], cells: list[str]) -> str:
     return " | ".join(columns + [c.rjust(WIDTH) for c in cells]).rstrip(" |")
 
 
-def header(modes: tuple[str, ...]) -> str:
-    """The modes' names over their times, and which ratio is printed under each."""
+def header(modes: tuple[str, ...], to_unloaded: bool = False) -> str:
+    """The modes' names over their times, and which ratio is printed under each (and, with
+    `to_unloaded`, on a third line: each mode over torch without distnb)."""
     bases = [BASE.get(m, "plain") for m in modes]
     ratios = ["" if b == m else f"{m}/{b}" for m, b in zip(modes, bases, strict=True)]
-    return "\n".join([_line(["ranks", "op", "size"], list(modes)), _line(["", "", ""], ratios)])
+    lines = [_line(["ranks", "op", "size"], list(modes)), _line(["", "", ""], ratios)]
+    if to_unloaded:
+        third = ["" if m in ("plain", "unloaded") else f"{m}/unloaded" for m in modes]
+        lines.append(_line(["", "", ""], third))
+    return "\n".join(lines)
 
 
 def _spread(values: list[float]) -> str:
@@ -566,16 +581,6 @@ def _extras(e: dict[str, Any]) -> str:
     )
 
 
-def machine() -> str:
-    import torch
-
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"{platform.node()}: {platform.machine()}, {os.cpu_count()} cores, load avg {load}; "
-        f"Python {platform.python_version()}, torch {torch.__version__}, gloo on loopback"
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations, no 64 MiB")
@@ -592,23 +597,36 @@ def main(argv: list[str] | None = None) -> None:
         f"{'/'.join(FOCUS_MODES)}, in --rounds rounds",
     )
     parser.add_argument("--rounds", type=int, default=60, help="rounds per --focus row")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("barrier", *MODES),
+        default=list(FOCUS_MODES),
+        help="the modes of the --focus rows",
+    )
     args = parser.parse_args(argv)
+    mode = "focus" if args.focus else "extras" if args.extras_only else "full"
+    with saved(f"collectives-{mode}"):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     plan = QUICK if args.quick else PLAN
-    print("$ python " + " ".join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
-    print(machine())
     print(
+        "# gloo on loopback; plain = distnb loaded, its checks off (`distnb.unchecked()`); "
+        "unloaded = torch without distnb\n"
         "time: median over rounds of a round's median iteration (the slowest rank's time); "
         "ratio: the quotient of two such printed times, to plain (accel-debug: to accel), "
-        "[95% interval] from a paired bootstrap over the rounds; modes take turns; "
-        f"{time.ctime()}\n"
+        "[95% interval] from a paired bootstrap over the rounds; modes take turns\n"
     )
     if args.focus:
+        modes = tuple(args.modes)
         print(f"{args.rounds} rounds per row")
-        print(header(FOCUS_MODES))
+        print(header(modes, to_unloaded="unloaded" in modes))
         for world in args.ranks:
             cluster = Cluster(world)
             try:
-                time_focus(cluster, args.focus, args.rounds)
+                time_focus(cluster, args.focus, args.rounds, modes)
             finally:
                 cluster.close()
         return

@@ -10,8 +10,8 @@ measured in this process (which plays the kernel), each from the fault to what n
   SIGKILLed after its 100th. Until `session.run` raises `RankDiedError` naming rank 1's pid.
 - rank, peer waiting: rank 1 computes (sleeps) while rank 0 waits for it at an `all_reduce`;
   rank 1 is SIGKILLed once rank 0's beacon says it waits. Until `RankDiedError`.
-- controller / heart monitor: SIGKILLed while rank 0 waits at an `all_reduce`. Until the
-  `SessionError` that names it.
+- controller / heart monitor / rank 1's nanny: SIGKILLed while rank 0 waits at an
+  `all_reduce`. Until the `SessionError` that names it.
 - kernel: a Python process that ran `distnb.start(2)` and then a cell in which rank 0 waits at
   an `all_reduce` is SIGKILLed. Until every process below it has ended (their pidfds; the
   reaper's work), and none carries the cluster's mark.
@@ -25,9 +25,10 @@ measured in this process (which plays the kernel), each from the fault to what n
 - torchrun: the README's small DDP script (`init_process_group`, a DDP Linear, 4 steps,
   `destroy_process_group`) under `torchrun --standalone --nproc-per-node 2` (process starts,
   imports, rendezvous, exit), against `session.run_script` (`%dist_run`) on a running session:
-  the first run on freshly started ranks, and the median of 3 runs after it. A torchrun run that
-  fails with gloo's exit-time abort ("terminate called without an active exception", torch
-  2.13) is run again and counted.
+  the first run on freshly started ranks, and the median of 3 runs after it; then 3 more runs
+  on the running session, the control of the ratio (`%dist_run` against itself). A torchrun
+  run that fails with gloo's exit-time abort ("terminate called without an active exception",
+  torch 2.13) is run again and counted.
 
 Each row: the median over rounds, the 95% confidence interval of that median (order statistics;
 9 rounds, the default, are the fewest for which it is narrower than the range at both ends) and
@@ -42,7 +43,6 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import select
 import signal
 import statistics
@@ -59,6 +59,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from median_ci import median_ci, ratio_of_medians
+from results import saved
 
 import distnb
 from distnb.errors import CollectiveDesyncError, RankDiedError, RankTimeoutError, SessionError
@@ -119,12 +120,14 @@ ROWS = {
     "waited": "rank 1 SIGKILLed, rank 0 waiting for it -> RankDiedError",
     "controller": "controller SIGKILLed, rank 0 waiting -> SessionError",
     "heart": "heart monitor SIGKILLed, rank 0 waiting -> SessionError",
+    "nanny": "rank 1's nanny SIGKILLed, rank 0 waiting -> SessionError",
     "kernel": "kernel SIGKILLed mid-cell -> all its processes gone",
     "ends": "rank 1 ends the cell, rank 0 waiting -> CollectiveDesyncError",
     "never": "rank 1 never arrives, timeout=1 -> RankTimeoutError",
     "torchrun": "torchrun --standalone, 2 ranks: DDP script",
     "cold": "%dist_run, same script: first run after start",
     "warm": "%dist_run, same script: running session",
+    "warm again": "%dist_run, same script: running session, again (the control)",
 }
 
 
@@ -159,7 +162,11 @@ class Bench:
         assert self.s.cluster is not None
         if role is Role.ENGINE:
             return self.s.ranks[1].pid
-        (member,) = [m for m in self.s.cluster.members if m.role is role]
+        self.s.cluster.members.track()  # a nanny may start after its engine registered
+        members = [m for m in self.s.cluster.members if m.role is role]
+        if role is Role.NANNY:  # rank 1's
+            members = [m for m in members if m.parent == self.s.ranks[1].pid]
+        (member,) = members
         return member.pid
 
     def waiting(self, rank: int) -> Callable[[], bool]:
@@ -229,6 +236,11 @@ def controller(b: Bench) -> None:
 def heart(b: Bench) -> None:
     said = "heart monitor (pid {pid}) died"
     b.times["heart"].append(named(b, WAITS, Role.HEART, b.waiting(0), said))
+
+
+def nanny(b: Bench) -> None:
+    said = "rank 1's nanny (pid {pid}"
+    b.times["nanny"].append(named(b, WAITS, Role.NANNY, b.waiting(0), said))
 
 
 def rank_ends_cell(b: Bench) -> None:
@@ -331,6 +343,7 @@ def torchrun(b: Bench) -> None:
     b.fresh = False
     b.times["warm"].append(statistics.median(run_script(b) for _ in range(3)))
     b.times["torchrun"].append(under_torchrun(b))
+    b.times["warm again"].append(statistics.median(run_script(b) for _ in range(3)))
 
 
 def run_script(b: Bench) -> float:
@@ -363,6 +376,7 @@ TRIALS = (
     rank_waited_for,
     controller,
     heart,
+    nanny,
     kernel_killed,
     rank_ends_cell,
     rank_never_arrives,
@@ -383,6 +397,8 @@ def report(b: Bench, rounds: int) -> None:
         )
     ratio, low, high = ratio_of_medians(b.times["torchrun"], b.times["warm"])
     print(f"torchrun / %dist_run on a running session: {ratio:.0f}x [95% CI {low:.0f}-{high:.0f}]")
+    ratio, low, high = ratio_of_medians(b.times["warm again"], b.times["warm"])
+    print(f"control, %dist_run again / %dist_run: {ratio:.2f}x [95% CI {low:.2f}-{high:.2f}]")
     runs = rounds + b.reruns
     print(f"torchrun runs lost to gloo's exit-time abort and run again: {b.reruns} of {runs}")
     print(
@@ -410,28 +426,27 @@ def runs(pid: int) -> bool:
 
 
 def main() -> None:
-    import torch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    print(f"$ python bench/bench_faults.py --rounds {args.rounds}")
-    print(
-        f"# {platform.node()}: {psutil.cpu_count()} cores, load avg "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; Python "
-        f"{platform.python_version()}, torch {torch.__version__}, gloo on loopback"
-    )
+    with saved("faults"):
+        run(args.rounds)
+
+
+def run(rounds: int) -> None:
+    print("# gloo on loopback, 2 ranks")
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as folder:
         b = Bench(Path(folder))
         try:
-            for r in range(args.rounds):
+            for r in range(rounds):
                 shift = r % len(TRIALS)
                 for trial in TRIALS[shift:] + TRIALS[:shift]:  # each goes first in turn
                     trial(b)
         finally:
             cleanup(b)
-    print(f"# {args.rounds} rounds, each trial once per round in rotating order")
-    report(b, args.rounds)
+    print(f"# {rounds} rounds, each trial once per round in rotating order")
+    report(b, rounds)
     sys.stdout.flush()
 
 

@@ -20,14 +20,19 @@ of its times):
 - shapes: `session.shapes()` over a namespace of 1,000 tensors on each of the 2 ranks;
 - desync: a cell in which rank 1 finishes while rank 0 waits at an all_reduce, until
   `CollectiveDesyncError`; the output says how many of the runs raised it (only those are
-  timed: a run that does not raise measures something else).
+  timed: a run that does not raise measures something else);
+- import: the CPU time (user + system) of a fresh Python process that imports torch, and of
+  one that imports distnb, against one that imports nothing, in turns.
+
+Every ratio has a control row: the peer against itself, measured the same way in the same run
+(a second raw start in each repeat, a second raw cell in each round, the shared-memory release
+twice in each turn), whose ratio is the noise floor of the row above it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,6 +46,7 @@ import distnb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from median_ci import median_ci, ratio_of_medians  # bench/ is on the path, as above
+from results import saved
 
 WARMUP_ROUNDS = 10
 
@@ -115,11 +121,13 @@ def cell_times(session: distnb.Session, rounds: int) -> dict[str, list[float]]:
         "distnb": lambda: session.run(""),
         "raw": lambda: view.execute("", block=True),
         "raw+output": raw_with_output,
+        "raw again": lambda: view.execute("", block=True),  # the control
     }
     names = list(kinds)
     times: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(-WARMUP_ROUNDS, rounds):  # the rounds below 0 warm up and are not counted
-        for name in names[r % 3 :] + names[: r % 3]:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             t = time.perf_counter()
             kinds[name]()
             if r >= 0:
@@ -170,17 +178,38 @@ def store_path_release_times(repeats: int = 9) -> tuple[list[float], list[float]
     finally:
         del os.environ[SHM_VAR]
     shm = distnb.start(2, progress=False)
-    through: dict[str, list[float]] = {"store": [], "shm": []}
+    through: dict[str, list[float]] = {"store": [], "shm": [], "shm again": []}
     try:
         for i in range(repeats):
-            turns = [("store", store), ("shm", shm)]
-            for name, session in turns[::-1] if i % 2 else turns:
+            turns = [("store", store), ("shm", shm), ("shm again", shm)]
+            k = i % len(turns)
+            for name, session in turns[k:] + turns[:k]:
                 times, _ = desync_release_times(session, repeats=1)
                 through[name] += times
     finally:
         store.stop()
         shm.stop()
-    return through["store"], through["shm"]
+    return through["store"], through["shm"], through["shm again"]
+
+
+def import_cpu(repeats: int = 7) -> dict[str, list[float]]:
+    """CPU seconds (user + system) of a fresh Python that imports `torch`, `distnb`, or nothing,
+    in turns; each from its children's rusage, so the parent's own work is not counted."""
+    import resource
+    import subprocess
+
+    codes = {"torch": "import torch", "distnb": "import distnb", "nothing": "pass"}
+    cpu: dict[str, list[float]] = {k: [] for k in codes}
+    for i in range(repeats):
+        names = list(codes)
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-c", codes[name]], check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            cpu[name].append(used)
+    return cpu
 
 
 def _time(values: list[float], scale: float) -> str:
@@ -203,9 +232,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cells", type=int, default=200, help="rounds of one cell of each kind")
     args = parser.parse_args()
-    print(f"$ python bench/bench_session.py --repeats {args.repeats} --cells {args.cells}")
-    print(f"# {platform.node()}: {psutil.cpu_count()} cores, Python {platform.python_version()}")
-    starts, raws, stops = [], [], []
+    with saved("session"):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    starts, raws, raws_again, stops = [], [], [], []
     for i in range(args.repeats):
         distnb_first = i % 2 == 1  # alternate, so neither start always goes first
         if not distnb_first:
@@ -219,7 +251,9 @@ def main() -> None:
         stops.append(stop_time(session))
         if distnb_first:
             raws.append(raw_start_stopped())
-    store_release, shm_release = store_path_release_times()
+        raws_again.append(raw_start_stopped())  # the control: the peer's start once more
+    store_release, shm_release, shm_again = store_path_release_times()
+    cpu = import_cpu()
     print(
         f"# start: {args.repeats} repeats, the order alternating (raw first in repeats 1, 3, ...;"
         " distnb first in 2, 4, ...), paired per repeat"
@@ -235,6 +269,7 @@ def main() -> None:
     print(f"{'measure':42} {'distnb':>26} {'peer':>26} {'ratio':>20}  peer")
     rows = [
         _row("start to ready, 2 ranks (s)", starts, raws, 1, "raw ipyparallel+torch+init"),
+        _row("  control: raw start again (s)", raws_again, raws, 1, "raw ipyparallel+torch+init"),
         _row("stop, every process gone (s)", stops, None, 1, ""),
         _row(
             "empty cell round trip (ms)",
@@ -250,6 +285,13 @@ def main() -> None:
             1e3,
             "raw execute + wait for output",
         ),
+        _row(
+            "  control: raw cell again (ms)",
+            cells["raw again"],
+            cells["raw"],
+            1e3,
+            "raw DirectView.execute(block=True)",
+        ),
         _row("shape table, 1,000 tensors x 2 ranks (s)", shapes, None, 1, ""),
         _row(
             "desync: rank done -> waiter released (s)",
@@ -264,6 +306,23 @@ def main() -> None:
             shm_release,
             1,
             "the same through shared memory (DISTNB_SHM=0 against 1, turns)",
+        ),
+        _row(
+            "  control: shared memory again (s)",
+            shm_again,
+            shm_release,
+            1,
+            "the same through shared memory",
+        ),
+        _row(
+            "import torch, CPU of a process (s)", cpu["torch"], cpu["nothing"], 1, "python -c pass"
+        ),
+        _row(
+            "import distnb, CPU of a process (s)",
+            cpu["distnb"],
+            cpu["nothing"],
+            1,
+            "python -c pass",
         ),
     ]
     print("\n".join(rows))

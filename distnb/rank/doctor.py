@@ -3,11 +3,15 @@ this rank's torch leaves unchecked."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,9 +21,9 @@ from distnb.rank.checked.intercept import resolve
 from distnb.rank.checked.ops import OPS, READS_REDUCE_OP, Describe
 from distnb.records.doctor import Bandwidth, DoctorReport
 
-# The oldest and newest torch (major, minor) that `make compat` runs the tests on
-# (docs/compat.md); pyproject.toml asks for the oldest, and leaves the newest open.
-TESTED = ((2, 8), (2, 15))
+# What the last compatibility runs tested, release by release: written by `.ci/compat`
+# (docs/compat.md says the same), never by hand.
+TESTED = Path(__file__).with_name("tested.json")
 # The namespaces of the collective ops (`ops.OPS`), and their ops that move no data
 _NAMESPACES = ("c10d", "_c10d_functional")
 _NOT_COLLECTIVES = frozenset(
@@ -68,16 +72,48 @@ def check(sizes: Sequence[int], iters: int = 5) -> DoctorReport:
     )
 
 
-def torch_range(version: str) -> str:
-    """Where torch `version` lies against `TESTED`, in words."""
-    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
-    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED
-    span = f"{lo_major}.{lo_minor} to {hi_major}.{hi_minor}"
-    if release < TESTED[0]:
-        return f"older than distnb supports ({span}): expect failures"
-    if release > TESTED[1]:
-        return f"newer than tested ({span}): collective ops distnb does not know go unchecked"
-    return f"in the tested range ({span}, docs/compat.md)"
+def torch_range(version: str, tested: Path = TESTED) -> str:
+    """Whether torch `version` is a release the compatibility runs tested, in words: which
+    features passed there and when, or which releases were tested instead."""
+    record = _tested(tested)
+    release = version.split("+")[0]
+    runs: list[dict[str, Any]] = record.get("releases", [])
+    entry = next((e for e in runs if e["release"] == release), None)
+    if entry is not None:
+        features = entry["features"]
+        failed = sorted(f for f, v in features.items() if v == "failed")
+        skipped = sorted(f for f, v in features.items() if str(v).startswith("skipped"))
+        passed = sorted(f for f, v in features.items() if v == "passed")
+        where = f"(docs/compat.md, {entry['date']}, commit {entry['commit']})"
+        if failed:
+            return f"tested, and failed for {', '.join(failed)} {where}: expect failures there"
+        words = f"tested: {', '.join(passed)} passed on {release} {where}"
+        return words + (f"; not run here: {', '.join(skipped)}" if skipped else "")
+    listed = ", ".join(e["release"] for e in runs) or "none"
+    accepts = str(record.get("accepts", "torch"))
+    floor = re.search(r">=\s*([0-9.]+)", accepts)
+    if floor is not None and _key(release) < _key(floor.group(1)):
+        return f"older than distnb supports ({accepts}; tested: {listed}): expect failures"
+    if runs and _key(release) > _key(runs[-1]["release"]):
+        return (
+            f"not tested: newer than any release tested ({listed}, docs/compat.md); "
+            "collective ops distnb does not know go unchecked"
+        )
+    return f"not tested: the releases tested are {listed} (docs/compat.md)"
+
+
+def _tested(path: Path) -> dict[str, Any]:
+    """tested.json, or nothing tested if a build left it out."""
+    try:
+        found: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found
+
+
+def _key(release: str) -> tuple[int, ...]:
+    """(2, 9, 1) for 2.9.1, (2, 16, 0) for 2.16.0.dev20270101."""
+    return tuple(int(p) for p in release.split(".")[:3] if p.isdigit())
 
 
 def torch_gaps(ops: Mapping[str, Describe] = OPS) -> tuple[str, ...]:

@@ -9,9 +9,11 @@ installed torch lacks the way it does in the field: `OPS` plus an op of a newer 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,15 +163,63 @@ def test_doctor_names_an_op_whose_schema_it_cannot_read() -> None:
     assert any("collective ops distnb does not know" in g and "c10d::broadcast_" in g for g in gaps)
 
 
+def _tested(tmp_path: Path) -> Path:
+    """A tested.json as `.ci/compat` writes it: 2.9.1 passed everything, 2.14.1 failed one
+    feature, 2.15.0 skipped the hosts."""
+
+    def entry(release: str, build: str, **features: str) -> dict[str, object]:
+        verdicts = {"checks": "passed", "debugger": "passed", "hosts": "passed", **features}
+        return {"release": release, "build": build, "date": "2026-11-28 03:00 UTC",
+                "commit": "abc1234", "features": verdicts}  # fmt: skip
+
+    record = {
+        "accepts": "torch>=2.8",
+        "releases": [
+            entry("2.9.1", "2.9.1+cu128"),
+            entry("2.14.1", "2.14.1+cu130", debugger="failed"),
+            entry("2.15.0", "2.15.0+cu130", hosts="skipped: rehearsal hosts need root"),
+        ],
+    }
+    path = tmp_path / "tested.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
 @pytest.mark.parametrize(
     ("version", "words"),
     [
-        ("2.8.0+cu128", "in the tested range (2.8 to 2.15, docs/compat.md)"),
-        ("2.13.0+cpu", "in the tested range"),
-        ("2.15.0", "in the tested range"),
-        ("2.7.1", "older than distnb supports (2.8 to 2.15)"),
-        ("2.16.0.dev20270101", "newer than tested (2.8 to 2.15)"),
+        (
+            "2.9.1+cu128",
+            "tested: checks, debugger, hosts passed on 2.9.1 (docs/compat.md, 2026-11-28",
+        ),
+        ("2.15.0", "tested: checks, debugger passed on 2.15.0"),
+        ("2.14.1+cu130", "tested, and failed for debugger"),
+        ("2.9.0", "not tested: the releases tested are 2.9.1, 2.14.1, 2.15.0"),
+        ("2.12.1+cpu", "not tested: the releases tested are"),
+        ("2.7.1", "older than distnb supports (torch>=2.8; tested: 2.9.1, 2.14.1, 2.15.0)"),
+        ("2.8.0", "not tested: the releases tested are"),
+        ("2.16.0.dev20270101", "not tested: newer than any release tested (2.9.1, 2.14.1"),
     ],
 )
-def test_doctor_places_a_torch_version(version: str, words: str) -> None:
-    assert doctor.torch_range(version).startswith(words)
+def test_doctor_says_whether_a_release_was_tested(tmp_path: Path, version: str, words: str) -> None:
+    assert doctor.torch_range(version, _tested(tmp_path)).startswith(words)
+
+
+def test_doctor_names_what_a_tested_release_did_not_run(tmp_path: Path) -> None:
+    words = doctor.torch_range("2.15.0", _tested(tmp_path))
+    assert words.endswith("; not run here: hosts")
+
+
+def test_doctor_without_a_record_says_nothing_was_tested(tmp_path: Path) -> None:
+    assert doctor.torch_range("2.13.0", tmp_path / "missing.json").startswith(
+        "not tested: the releases tested are none"
+    )
+
+
+def test_the_shipped_record_is_the_compatibility_runs(tmp_path: Path) -> None:
+    """tested.json is .ci/compat's, and docs/compat.md lists the same releases."""
+    record = json.loads(doctor.TESTED.read_text())
+    report = (Path(__file__).parents[2] / "docs" / "compat.md").read_text()
+    assert record["releases"], "no release recorded: run .ci/compat"
+    for entry in record["releases"]:
+        assert f"| {entry['build']} | {entry['date']} | {entry['commit']} |" in report

@@ -1,0 +1,88 @@
+"""Each bench's output, kept: printed as usual and written to `bench/results/<name>.txt`.
+
+    with saved("collectives-focus"):
+        ...  # everything printed here goes to the terminal and to the file
+
+The file starts with the command line and the machine (cores, load average, Python, torch, the
+commit) and ends with the load average again, so a figure quoted from it says what it came
+from. docs/performance.md quotes these files verbatim, and `bench/check.py` re-derives every
+figure the README and docs/performance.md quote from them: a bench rerun changes the file, and
+the check says which quoted figure no longer holds. `BENCH_RESULTS=0` prints only (a trial run
+that must not replace the saved output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+class _Tee:
+    """A stdout that writes to the terminal and a file alike."""
+
+    def __init__(self, *streams: TextIO) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+def load() -> str:
+    """The load average over 1, 5 and 15 minutes: how busy the shared machine was."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine() -> str:
+    """Cores, load, Python, torch (without importing it) and the commit of this checkout."""
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = "-"
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return (
+        f"# machine: {os.cpu_count()} cores, load avg {load()}; Python "
+        f"{platform.python_version()}, torch {torch}; commit {commit or '-'}; "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+@contextlib.contextmanager
+def saved(name: str) -> Iterator[None]:
+    """Print the header, tee stdout to bench/results/<name>.txt, print the load at the end."""
+    keep = os.environ.get("BENCH_RESULTS", "1") != "0"
+    RESULTS.mkdir(exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        streams: list[TextIO] = [sys.stdout]
+        if keep:
+            streams.append(stack.enter_context((RESULTS / f"{name}.txt").open("w")))
+        real, sys.stdout = sys.stdout, _Tee(*streams)  # type: ignore[assignment]
+        try:
+            script = os.path.relpath(sys.argv[0], ROOT)
+            print("$ python " + " ".join([script, *sys.argv[1:]]))
+            print(machine(), flush=True)
+            yield
+            print(f"# load avg at the end: {load()}", flush=True)
+        finally:
+            sys.stdout = real
