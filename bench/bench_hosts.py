@@ -113,9 +113,11 @@ def cost(session: distnb.Session, rounds: int, iters: int) -> dict[str, list[flo
         f"for _ in range({iters}):\n    dist.all_reduce(x)\n"
         f"(time.perf_counter() - t) / {iters} * 1e6"
     )
-    times: dict[str, list[float]] = {"unchecked": [], "checked": []}
+    modes = ("unchecked", "checked", "unchecked again")  # the last: the control
+    times: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(rounds):
-        for mode in ("unchecked", "checked") if r % 2 == 0 else ("checked", "unchecked"):
+        k = r % len(modes)
+        for mode in modes[k:] + modes[:k]:
             result = session.run(code, check=mode == "checked")
             times[mode].append(max(float(result.result(i) or 0) for i in range(len(session.ranks))))
     return times
@@ -133,14 +135,18 @@ def _row(name: str, ours: list[float], peer: list[float] | None, unit: str, labe
     )
 
 
-def starts(lan: Lan, engines: str, repeats: int) -> tuple[list[float], list[float]]:
-    """(distnb's, the peer's) start times, alternating which goes first."""
+def starts(lan: Lan, engines: str, repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """(distnb's, the peer's, the peer's again) start times, the order rotating; the peer's
+    second start in each repeat is the control."""
     ours: list[float] = []
     peer: list[float] = []
+    again: list[float] = []
+    kinds = ("distnb", "raw", "raw again")
     for i in range(repeats):
-        for kind in ("raw", "distnb") if i % 2 else ("distnb", "raw"):
-            if kind == "raw":
-                peer.append(raw_start(lan, engines))
+        k = i % len(kinds)
+        for kind in kinds[k:] + kinds[:k]:
+            if kind != "distnb":
+                (peer if kind == "raw" else again).append(raw_start(lan, engines))
             else:
                 elapsed, session = distnb_start(lan, engines)
                 ours.append(elapsed)
@@ -155,7 +161,6 @@ def main() -> None:
     args = parser.parse_args()
     if why := missing():
         sys.exit(f"bench_hosts needs {why}")
-    print(f"$ python bench/bench_hosts.py --repeats {args.repeats} --rounds {args.rounds}")
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as state:
         lan = Lan(Path(state))
         try:
@@ -174,14 +179,13 @@ def main() -> None:
                     slurm.close()
         finally:
             lan.close()
-    print(f"# 2 hosts x {RANKS_PER_HOST} ranks; starts alternate which goes first")
-    print(_row("start to ready, ssh (s)", *ssh, "s", "ipyparallel ssh + torch + gloo"))
+    print(f"# 2 hosts x {RANKS_PER_HOST} ranks; the order of the starts rotates")
+    print(_row("start to ready, ssh (s)", *ssh[:2], "s", "ipyparallel ssh + torch + gloo"))
+    print(_row("  control: the peer again (s)", *ssh[:0:-1], "s", "ipyparallel ssh + torch + gloo"))
     if slurm is not None:
-        print(
-            _row(
-                "start to ready, Slurm job (s)", *by_slurm, "s", "ipyparallel Slurm + torch + gloo"
-            )
-        )
+        label = "ipyparallel Slurm + torch + gloo"
+        print(_row("start to ready, Slurm job (s)", *by_slurm[:2], "s", label))
+        print(_row("  control: the peer again (s)", *by_slurm[:0:-1], "s", label))
     print(
         _row(
             "8-el all_reduce across hosts (us)",
@@ -191,7 +195,19 @@ def main() -> None:
             "unchecked",
         )
     )
+    print(
+        _row(
+            "  control: unchecked again (us)",
+            times["unchecked again"],
+            times["unchecked"],
+            "us",
+            "unchecked",
+        )
+    )
 
 
 if __name__ == "__main__":
-    main()
+    from results import saved
+
+    with saved("hosts"):
+        main()

@@ -190,4 +190,9 @@ def table(rows: list[Row]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results import saved
+
+    with saved("memory"):
+        code = main()
+    sys.exit(code)

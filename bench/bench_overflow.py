@@ -65,9 +65,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -409,7 +407,6 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated, of: " + ", ".join(m.key for m in MODELS),
     )
     args = parser.parse_args(argv)
-    print("$", shlex.join([sys.executable, *sys.argv]))
     torch.set_num_threads(1)  # the machine is shared: one thread keeps medians steady
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, CPU")
     print(
@@ -434,4 +431,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from results import saved
+
+    with saved("overflow"):
+        main()

@@ -300,4 +300,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from results import saved
+
+    mode = "watch" if "--watch" in sys.argv else "digest" if "--digest" in sys.argv else "diff"
+    if mode == "digest" and "--threads" in sys.argv:
+        mode += "-" + sys.argv[sys.argv.index("--threads") + 1] + "thread"
+    if "--device" in sys.argv:
+        mode += "-" + sys.argv[sys.argv.index("--device") + 1]
+    with saved(f"replicas-{mode}"):
+        main()

@@ -45,7 +45,6 @@ import contextlib
 import datetime
 import itertools
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -332,7 +331,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds:
         plan = {m: (steps, args.rounds) for m, (steps, _) in plan.items()}
     models = list(args.models)
-    print("$ python " + shlex.join([os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]))
     _header(plan, models)
     for world in args.ranks:
         ranks = Ranks(world, models)
@@ -350,4 +348,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from results import saved
+
+    with saved("training"):
+        main()

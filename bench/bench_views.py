@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
-import shlex
 import statistics
 import sys
 import tempfile
@@ -136,7 +136,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    print("command:", shlex.join([sys.executable, *sys.argv]))
     with tempfile.TemporaryDirectory() as tmp:
         rows = bench_timeline(args.repeat, Path(tmp)) + bench_shapes(args.repeat)
     width = max(len(name) for name, _, _ in rows)
@@ -153,4 +152,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results import saved
+
+    with saved("views"):
+        main()
