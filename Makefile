@@ -7,7 +7,7 @@ CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c $(CONSTRAINTS)
 
-.PHONY: demo test lint bench compat clean
+.PHONY: demo test lint bench bench-check compat compat-all clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -23,17 +23,29 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed bench-check
 	$(VENV)/bin/ruff check distnb tests bench
 	$(VENV)/bin/ruff format --check distnb tests bench
 	$(VENV)/bin/mypy
 
-# The compatibility run: the tests on the oldest and the newest torch distnb accepts, each in a
-# venv of its own under .compat/ (~8 GB each: torch's CUDA builds); writes docs/compat.md.
-# COMPAT_TORCH="2.11.0" runs other versions without recording them.
-compat:
+# Every figure the README and docs/performance.md quote, re-derived from the benches' saved
+# output in bench/results/ (no bench runs): fails naming the place of a figure that drifted.
+bench-check:
+	$(PYTHON) bench/check.py
+
+# The compatibility run (.ci/compat): a test of every feature on the oldest and the newest
+# torch distnb accepts and on the main venv's, each other release in a venv of its own under
+# .compat/ (~8 GB while it runs: torch's CUDA builds); writes docs/compat.md and
+# distnb/rank/tested.json, which `distnb doctor` reads. COMPAT_TORCH="2.11.0" runs other
+# releases; `make compat-all` every minor release between the oldest and the newest.
+compat: $(VENV)/.installed
 	$(PYTHON) .ci/compat $(COMPAT_TORCH)
 
+compat-all: $(VENV)/.installed
+	$(PYTHON) .ci/compat all
+
+# Each bench writes its output to bench/results/ (docs/performance.md quotes them all, with
+# their commands); these are the quick ones.
 bench: $(VENV)/.installed
 	$(PY) bench/bench_session.py
 	$(PY) bench/bench_memory.py

@@ -84,7 +84,8 @@ def blocks(text: str) -> list[tuple[int, Path, int, int]]:
 def write_blocks(doc: Path) -> None:
     lines = doc.read_text().split("\n")
     for _, path, first, last in reversed(blocks("\n".join(lines))):
-        lines[first:last] = path.read_text().rstrip("\n").split("\n")
+        if path.exists():
+            lines[first:last] = path.read_text().rstrip("\n").split("\n")
     doc.write_text("\n".join(lines))
 
 
@@ -128,7 +129,12 @@ def units(doc: Path) -> list[Unit]:
 def _sections(lines: list[str]) -> dict[int, tuple[Path, ...]]:
     """Line number -> the outputs quoted in the section (between two headings) it is in."""
     owner: dict[int, tuple[Path, ...]] = {}
-    heads = [i for i, line in enumerate(lines) if line.startswith("#")] + [len(lines)]
+    fenced, heads = False, []
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if line.startswith("#") and not fenced:
+            heads.append(i)
+    heads.append(len(lines))
     for a, b in itertools.pairwise(heads):
         quoted = tuple(ROOT / m.group(1) for line in lines[a:b] if (m := OUTPUT.match(line)))
         owner.update({n + 1: quoted for n in range(a, b)})

@@ -55,17 +55,23 @@ def machine() -> str:
         torch = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch = "-"
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     return (
         f"# machine: {os.cpu_count()} cores, load avg {load()}; Python "
-        f"{platform.python_version()}, torch {torch}; commit {commit or '-'}; "
+        f"{platform.python_version()}, torch {torch}; commit {commit()}; "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
     )
+
+
+def commit() -> str:
+    """The checkout's commit, and the files changed since it (`-dirty` would not say which)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return done.stdout.rstrip("\n")
+
+    changed = [line[3:] for line in git("status", "--porcelain", "-uno").splitlines()]
+    head = git("rev-parse", "--short", "HEAD") or "-"
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
 
 
 @contextlib.contextmanager
