@@ -288,7 +288,10 @@ class _Rig:
         assert checker is not None
         store, session = checker.store, checker.session_id
         hosts = [f"host{r}" for r in range(self.world)]
-        stores = {"plain": store, "checked": store, "signed": SignedStore(store, b"k" * 32)}
+        # signed values under keys of their own: a rank that reads a peer's beacon signed in
+        # the previous turn (or unsigned, in the next) would take the tag for the value
+        signed = SignedStore(dist.PrefixStore("signed", store), b"k" * 32)
+        stores = {"plain": store, "checked": store, "signed": signed}
         x = torch.ones(8)
         modes = ("plain", "checked", "signed")
         times: dict[str, list[list[int]]] = {m: [] for m in modes}
