@@ -24,6 +24,11 @@ from multiprocessing.connection import Connection
 from types import ModuleType
 from typing import Any
 
+# How long a scenario may take before the ranks are given up on: a bound that names a hang,
+# far from the seconds a scenario takes (compiles and DDP's first step included) on a machine
+# busy with other test runs.
+ANSWER_S = 300.0
+
 PG_PREFIX = "pg"
 SESSION_PREFIX = "distnb"
 
@@ -83,7 +88,11 @@ class Ranks:
         self.close()
 
     def run(
-        self, scenario: Callable[..., Any] | str, ranks: Any = None, timeout: float = 30, **kw: Any
+        self,
+        scenario: Callable[..., Any] | str,
+        ranks: Any = None,
+        timeout: float = ANSWER_S,
+        **kw: Any,
     ) -> list[Outcome]:
         """Run `scenario` on `ranks` (default: all) and wait for every one of them."""
         ranks = list(range(self.world)) if ranks is None else list(ranks)
@@ -95,7 +104,7 @@ class Ranks:
         for r in range(self.world) if ranks is None else ranks:
             self.conns[r].send((name, kw))
 
-    def collect(self, ranks: Any, timeout: float = 30) -> list[Outcome]:
+    def collect(self, ranks: Any, timeout: float = ANSWER_S) -> list[Outcome]:
         deadline = time.monotonic() + timeout
         out = []
         for r in ranks:

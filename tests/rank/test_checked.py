@@ -509,7 +509,7 @@ def test_abort_key_releases_a_waiting_rank(ranks: Ranks) -> None:
     assert beacon.waiting_for == (1,) and beacon.run_id == 901
     reason = "rank 1 finished the cell without calling all_reduce #7"
     ranks.store.set(keys.abort(901), reason)
-    (o0,) = ranks.collect([0], timeout=10)
+    (o0,) = ranks.collect([0], timeout=NAMED_S)
     assert o0.error == "CollectiveDesyncError"
     assert reason in o0.message
     assert o0.seconds < NAMED_S  # released by the key, not by the group's 60 s timeout
@@ -524,7 +524,7 @@ def test_ctrl_c_interrupts_a_waiting_rank(ranks: Ranks) -> None:
     assert waiting_beacon(ranks, 0, 902).state is BeaconState.WAITING
     sent = time.monotonic_ns()
     ranks.interrupt(0)
-    (o0,) = ranks.collect([0], timeout=10)
+    (o0,) = ranks.collect([0], timeout=NAMED_S)
     assert o0.value["raised"] == "KeyboardInterrupt"
     assert (o0.value["at"] - sent) / 1e9 < NAMED_S  # released by the signal, not a timeout
     assert values(ranks.run(s_all_reduce)) == [[3.0] * 8, [3.0] * 8]
