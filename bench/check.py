@@ -15,9 +15,9 @@ Two checks:
    the outputs its paragraph draws on: in docs/performance.md, those quoted in its section; in
    either file, those of every bench the paragraph names (`bench/bench_faults.py` ->
    `bench/results/faults*.txt`). A paragraph (a list item, a table row) holding
-   `<!-- elsewhere -->` quotes figures from outside the benches and says where they come from
-   in its text; it is not checked. A README paragraph that names no bench makes no claim from
-   one and is not checked either.
+   `<!-- elsewhere -->`, or right after it on a line of its own, quotes figures from outside the
+   benches and says where they come from in its text; it is not checked. A README paragraph
+   that names no bench makes no claim from one and is not checked either.
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ def units(doc: Path) -> list[Unit]:
         if line.startswith("```"):
             fenced = not fenced
             continue
-        new = not line.strip() or line.startswith(("- ", "|", "#")) or fenced
-        if new and text:
+        marker = line.strip() == ELSEWHERE
+        new = not line.strip() or line.startswith(("- ", "|", "#")) or fenced or marker
+        if new and text and text != [ELSEWHERE]:  # the marker on its own line: the next unit's
             found.append(_unit(doc, start, text, sections.get(start, ()), marked))
             text = []
         if not fenced and line.strip() and not line.startswith("#"):
