@@ -88,7 +88,9 @@ def saved(name: str) -> Iterator[None]:
             script = os.path.relpath(sys.argv[0], ROOT)
             print("$ python " + " ".join([script, *sys.argv[1:]]))
             print(machine(), flush=True)
-            yield
-            print(f"# load avg at the end: {load()}", flush=True)
+            try:
+                yield
+            finally:  # a bench that exits non-zero (a target missed) says it too
+                print(f"# load avg at the end: {load()}", flush=True)
         finally:
             sys.stdout = real
