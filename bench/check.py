@@ -14,10 +14,11 @@ Two checks:
    interval (`[1.30-1.47]`). Each must be, rounded as the prose rounds it, a number printed in
    the outputs its paragraph draws on: in docs/performance.md, those quoted in its section; in
    either file, those of every bench the paragraph names (`bench/bench_faults.py` ->
-   `bench/results/faults*.txt`). A paragraph (a list item, a table row) holding
-   `<!-- elsewhere -->`, or right after it on a line of its own, quotes figures from outside the
-   benches and says where they come from in its text; it is not checked. A README paragraph
-   that names no bench makes no claim from one and is not checked either.
+   `bench/results/faults*.txt`). A figure right after "target" is a goal, not checked. A
+   paragraph (a list item, a table row) holding `<!-- elsewhere -->`, or right after it on a
+   line of its own, quotes figures from outside the benches and says where they come from in
+   its text; it is not checked. A README paragraph that names no bench makes no claim from one
+   and is not checked either.
 """
 
 from __future__ import annotations
@@ -155,8 +156,9 @@ def _unit(
 def check_unit(unit: Unit) -> list[str]:
     if not unit.text or ELSEWHERE in unit.text:
         return []
-    figures = [(m[0], [m[1], m[2]]) for m in FIGURE.finditer(unit.text)]
-    figures += [(m[0], [m[1], m[2]]) for m in INTERVAL.finditer(unit.text)]
+    text = unit.text
+    figures = [(m[0], [m[1], m[2]]) for m in FIGURE.finditer(text) if not _target(text, m)]
+    figures += [(m[0], [m[1], m[2]]) for m in INTERVAL.finditer(text)]
     figures = [(quoted, [v for v in values if v]) for quoted, values in figures]
     if not figures:
         return []
@@ -172,6 +174,11 @@ def check_unit(unit: Unit) -> list[str]:
         for value in values
         if not _given(value, printed)
     ]
+
+
+def _target(text: str, match: re.Match[str]) -> bool:
+    """A figure right after "target" is a goal, not a measurement: `(target 1.05x)`."""
+    return text[max(0, match.start() - 8) : match.start()].rstrip(" :").endswith("target")
 
 
 def _numbers(paths: tuple[Path, ...]) -> list[float]:
