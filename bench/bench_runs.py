@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,13 +41,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from bench_faults import SCRIPT
 from median_ci import median_ci, ratio_of_medians
+from results import saved
 
 import distnb
 from tests.session.thirdparty import script_path
@@ -194,40 +191,34 @@ def report(b: Bench, rounds: int, resets: dict[str, str]) -> None:
 
 
 def main() -> None:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--resets", type=int, default=200)
     parser.add_argument("--memory-runs", type=int, default=30)
     args = parser.parse_args()
-    print(
-        f"$ python bench/bench_runs.py --rounds {args.rounds} --resets {args.resets} "
-        f"--memory-runs {args.memory_runs}"
-    )
-    print(
-        f"# {platform.node()}: {psutil.cpu_count()} cores, load avg "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; Python "
-        f"{platform.python_version()}, torch {torch.__version__}, gloo on loopback"
-    )
+    with saved("runs"):
+        measure(args.rounds, args.resets, args.memory_runs)
+
+
+def measure(rounds: int, resets_n: int, memory_runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-runs-") as folder:
         b = Bench(Path(folder))
         try:
             b.run(b.script)  # the first run after the start imports what every run keeps
             b.run(script_path("test_cli.py"))
-            resets = {"cells imported nothing": time_reset(b, args.resets)}
-            for r in range(args.rounds):
+            resets = {"cells imported nothing": time_reset(b, resets_n)}
+            for r in range(rounds):
                 shift = r % len(TRIALS)
                 for trial in TRIALS[shift:] + TRIALS[:shift]:  # each goes first in turn
                     trial(b)
             b.s.run("import accelerate.utils")
-            resets["cells imported Accelerate"] = time_reset(b, args.resets)
-            memory = grown(b, args.memory_runs)
+            resets["cells imported Accelerate"] = time_reset(b, resets_n)
+            memory = grown(b, memory_runs)
         finally:
             b.s.stop()
-    print(f"# {args.rounds} rounds, each trial once per round in rotating order")
-    report(b, args.rounds, resets)
-    print(f"resident size of each rank over {args.memory_runs} more runs of test_cli.py: {memory}")
+    print(f"# {rounds} rounds, each trial once per round in rotating order")
+    report(b, rounds, resets)
+    print(f"resident size of each rank over {memory_runs} more runs of test_cli.py: {memory}")
 
 
 if __name__ == "__main__":
