@@ -110,18 +110,28 @@ def children_of_this_process() -> list[int]:
     return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
 
 
-def interrupt_once_created(marker: Path, ranks: tuple[int, ...]) -> threading.Thread:
-    """SIGINT this process (Ctrl-C) once every rank has made `{marker}{rank}`: the ranks are
-    then inside the code to interrupt. Join the thread after the interrupted call."""
+class Interrupter(threading.Thread):
+    """Sends this process SIGINT (Ctrl-C) once every rank has made `{marker}{rank}`: the ranks
+    are then inside the code to interrupt. `sent` is when it did (None if the ranks never got
+    there). Join it after the interrupted call."""
 
-    def interrupt() -> None:
-        deadline = time.monotonic() + 30
-        while not all(Path(f"{marker}{r}").exists() for r in ranks):
+    def __init__(self, marker: Path, ranks: tuple[int, ...]) -> None:
+        super().__init__(name="interrupter", daemon=True)
+        self.marker, self.ranks = marker, ranks
+        self.sent: float | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 600  # a loaded machine starts ranks' code slowly
+        while not all(Path(f"{self.marker}{r}").exists() for r in self.ranks):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.01)
+        self.sent = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
 
-    thread = threading.Thread(target=interrupt)
+
+def interrupt_once_created(marker: Path, ranks: tuple[int, ...]) -> Interrupter:
+    """Start an `Interrupter` (see there)."""
+    thread = Interrupter(marker, ranks)
     thread.start()
     return thread
