@@ -72,12 +72,14 @@ def timeline(session: SessionSurface, cells: int | None = None) -> TimelineView:
     >>> s.timeline(cells=1).export_chrome_trace("trace.json")
     """
     from distnb.rank import runtime
+    from distnb.rank.debug.stops import stops
     from distnb.views.timeline import TimelineView
 
     since = None if cells is None else max(1, session.runs - cells + 1)
     events = [e for per_rank in session.call(runtime.events, since) for e in per_rank]
+    stopped = [s for per_rank in session.call(stops, since) for s in per_rank]
     hosts = {r.rank: r.host for r in session.ranks}
-    return TimelineView(events, _clock_offsets(session), hosts)
+    return TimelineView(events, _clock_offsets(session), hosts, stopped)
 
 
 def _clock_offsets(session: SessionSurface) -> ClockOffsets | None:

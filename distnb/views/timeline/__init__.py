@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from distnb.records.collective import CollectiveEvent
+from distnb.records.debug import DebugStop
 from distnb.views.timeline.chrome import write_chrome_trace
 from distnb.views.timeline.model import ClockOffsets, ClockSync, build_timeline
 from distnb.views.timeline.mpl import figure
@@ -47,9 +48,11 @@ class TimelineView:
         events: Sequence[CollectiveEvent],
         offsets: ClockSync | Mapping[int, int] | None = None,
         hosts: Mapping[int, str] | None = None,
+        stops: Sequence[DebugStop] = (),
     ) -> None:
         self.events = tuple(events)
-        self.timeline = build_timeline(self.events, offsets, hosts)
+        self.stops = tuple(stops)  # time ranks sat in a debugger: not waiting
+        self.timeline = build_timeline(self.events, offsets, hosts, self.stops)
 
     def __repr__(self) -> str:
         return render_text(self.timeline)

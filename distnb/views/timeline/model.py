@@ -24,6 +24,12 @@ passes in** (the largest over the group's ranks, so a root's buffer counts for b
 
 Other ops (barrier, object collectives) get an algbw but no busbw. GB/s are 1e9 bytes/s.
 
+**Stopped in a debugger** (`DebugStop`s, from `distnb.rank.debug.stops`): a rank stopped at a
+prompt or in JupyterLab's debugger holds its peers up at their next collective. That part of a
+wait (the overlap of the wait with the stops of the ranks that arrived later) is the user's
+reading time, not a straggler's: it is counted apart (`stopped_wait_ns`) and left out of `wait`,
+of "arrived last" and of the waits a rank caused; each rank's own time stopped is `stopped_ns`.
+
 Clocks: one host shares one monotonic clock. Across hosts, pass per-rank offsets: a rank's time
 plus its offset is the reference time (`ClockOffsets`); its `precision_ns` says how far the
 aligned clocks can still be apart, and a rank only counts as a straggler when it arrived later
@@ -33,11 +39,13 @@ than the next rank by more than that.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from distnb.records.collective import CallSite, CollectiveEvent
+from distnb.records.debug import DebugStop
+from distnb.views.timeline.bandwidth import bus_factor, nccl_bytes
 
 __all__ = [
     "ClockOffsets",
@@ -94,6 +102,7 @@ class RankSlot:
     nbytes: int
     site: CallSite
     origin: str = ""  # the library code the call came through ("DDP gradient bucket 0 (...)")
+    stopped_wait_ns: int = 0  # waited while a later rank sat stopped in a debugger
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,7 @@ class Collective:
     last_arrive_ns: int
     end_ns: int  # the latest known end; the last arrival while none is known
     total_wait_ns: int
+    stopped_wait_ns: int = 0  # the ranks' waits while a later rank sat stopped in a debugger
 
     @property
     def complete(self) -> bool:
@@ -145,6 +155,7 @@ class StragglerStat:
     times_last: int
     wait_caused_ns: int
     own_wait_ns: int
+    stopped_ns: int = 0  # the time this rank sat stopped in a debugger
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +186,12 @@ class Timeline:
     offsets_applied: bool
     precision_ns: int | None
     hosts: Mapping[int, str] = field(default_factory=dict)  # rank -> host, when several
+    stops: tuple[DebugStop, ...] = ()  # on the reference clock (offsets applied)
+
+    @property
+    def stopped_ns(self) -> int:
+        """The time ranks sat stopped in a debugger, all ranks together."""
+        return sum(s.end_ns - s.start_ns for s in self.stops)
 
     def who(self, rank: int) -> str:
         """`rank 1`, or `rank 1 (node2)` when the ranks span hosts."""
@@ -191,56 +208,14 @@ class Timeline:
         return f"clocks: per-rank offsets applied, aligned to ±{_us(self.precision_ns or 0)}"
 
 
-BUS_FACTORS: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-}
-ALIASES = {
-    "all_reduce_coalesced": "all_reduce",
-    "all_gather_into_tensor": "all_gather",
-    "all_gather_single": "all_gather",
-    "_all_gather_base": "all_gather",
-    "all_gather_coalesced": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_single": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter",
-    "all_to_all_single": "all_to_all",
-    "isend": "send",
-    "recv": "send",
-    "irecv": "send",
-    "batch_isend_irecv": "send",
-}
-GATHERED = {"all_gather", "gather"}  # nccl-tests counts the gathered output: n x the input
-
-
-def op_family(op: str) -> str:
-    return ALIASES.get(op, op)
-
-
-def bus_factor(op: str, n: int) -> float | None:
-    """nccl-tests' busbw factor for `op` on a group of `n` ranks; None for ops it does not rate."""
-    f = BUS_FACTORS.get(op_family(op))
-    return None if f is None or n < 1 else f(n)
-
-
-def nccl_bytes(op: str, nbytes: int, n: int) -> int:
-    """The bytes nccl-tests would report for `op`, from the per-rank input bytes `nbytes`."""
-    return nbytes * n if op_family(op) in GATHERED else nbytes
-
-
 def build_timeline(
     events: Iterable[CollectiveEvent],
     offsets: ClockSync | Mapping[int, int] | None = None,
     hosts: Mapping[int, str] | None = None,
+    stops: Iterable[DebugStop] = (),
 ) -> Timeline:
-    """Group events by (group, seq), put them on one clock and summarise.
+    """Group events by (group, seq), put them on one clock and summarise; time ranks sat
+    stopped in a debugger (`stops`) is not waiting time.
 
     Example::
 
@@ -248,11 +223,19 @@ def build_timeline(
         tl.stragglers[0].rank  # the rank that held the others up the most
     """
     shift, precision = _clock(offsets)
+    shifted = tuple(
+        DebugStop(s.rank, s.start_ns + shift.get(s.rank, 0), s.end_ns + shift.get(s.rank, 0),
+                  s.run_id)
+        for s in sorted(stops, key=lambda s: (s.rank, s.start_ns))
+    )  # fmt: skip
+    by_rank: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for stop in shifted:
+        by_rank[stop.rank].append((stop.start_ns, stop.end_ns))
     by_key: dict[tuple[str, int], list[CollectiveEvent]] = defaultdict(list)
     for e in events:
         by_key[(e.group, e.seq)].append(e)
     colls = sorted(
-        (_collective(evs, shift) for evs in by_key.values()),
+        (_collective(evs, shift, by_rank) for evs in by_key.values()),
         key=lambda c: (c.first_arrive_ns, c.group, c.seq),
     )
     ranks = sorted({s.rank for c in colls for s in c.slots})
@@ -262,11 +245,12 @@ def build_timeline(
         groups=tuple(sorted(dict.fromkeys(c.group for c in colls), key=lambda g: g != "WORLD")),
         t0_ns=min((c.first_arrive_ns for c in colls), default=0),
         t1_ns=max((c.end_ns for c in colls), default=0),
-        stragglers=_stragglers(colls, ranks, precision or 0),
+        stragglers=_stragglers(colls, ranks, precision or 0, by_rank),
         ops=_op_stats(colls),
         offsets_applied=offsets is not None,
         precision_ns=precision,
         hosts=dict(hosts) if hosts and len(set(hosts.values())) > 1 else {},
+        stops=shifted,
     )
 
 
@@ -278,11 +262,24 @@ def _clock(offsets: ClockSync | Mapping[int, int] | None) -> tuple[Mapping[int, 
     return offsets.offsets_ns, offsets.precision_ns
 
 
-def _collective(evs: Sequence[CollectiveEvent], shift: Mapping[int, int]) -> Collective:
+def _collective(
+    evs: Sequence[CollectiveEvent],
+    shift: Mapping[int, int],
+    stops: Mapping[int, Sequence[tuple[int, int]]],
+) -> Collective:
     # One event per rank: a ring buffer pulled twice must not count a rank twice.
     evs = sorted({e.rank: e for e in evs}.values(), key=lambda e: e.rank)
     arrive = [e.arrive_ns + shift.get(e.rank, 0) for e in evs]
     last = max(arrive)
+    # the part of each rank's wait during which a rank that came later sat in a debugger
+    held = [
+        _overlap(
+            [span for j, e in enumerate(evs) if arrive[j] > a for span in stops.get(e.rank, ())],
+            a,
+            last,
+        )
+        for a in arrive
+    ]
     slots = tuple(
         RankSlot(
             rank=e.rank,
@@ -290,16 +287,19 @@ def _collective(evs: Sequence[CollectiveEvent], shift: Mapping[int, int]) -> Col
             # start_ns 0: data never moved (a peer never came); the bar starts at the arrival.
             start_ns=(e.start_ns or e.arrive_ns) + shift.get(e.rank, 0),
             end_ns=e.end_ns + shift.get(e.rank, 0) if e.end_ns else None,
-            wait_ns=last - a,
+            wait_ns=last - a - h,
             nbytes=e.nbytes,
             site=e.site,
             origin=e.origin,
+            stopped_wait_ns=h,
         )
-        for e, a in zip(evs, arrive, strict=True)
+        for e, a, h in zip(evs, arrive, held, strict=True)
     )
     by_time = sorted(range(len(evs)), key=lambda i: (arrive[i], -evs[i].rank))
     last_i = by_time[-1]
     lead = arrive[last_i] - arrive[by_time[-2]] if len(evs) > 1 else 0
+    if lead:  # arriving last because it sat in a debugger is not straggling
+        lead -= _overlap(stops.get(evs[last_i].rank, ()), arrive[by_time[-2]], arrive[last_i])
     n = max(e.group_size for e in evs) or len(evs)
     op = evs[0].op
     if any(e.op != op for e in evs):
@@ -322,11 +322,26 @@ def _collective(evs: Sequence[CollectiveEvent], shift: Mapping[int, int]) -> Col
         last_arrive_ns=last,
         end_ns=max(ends, default=last),
         total_wait_ns=sum(s.wait_ns for s in slots),
+        stopped_wait_ns=sum(held),
     )
 
 
+def _overlap(spans: Iterable[tuple[int, int]], start: int, end: int) -> int:
+    """How much of [start, end] the union of `spans` covers."""
+    covered, reach = 0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return covered
+
+
 def _stragglers(
-    colls: Sequence[Collective], ranks: Sequence[int], precision: int
+    colls: Sequence[Collective],
+    ranks: Sequence[int],
+    precision: int,
+    stops: Mapping[int, Sequence[tuple[int, int]]],
 ) -> tuple[StragglerStat, ...]:
     last: Counter[int] = Counter()
     caused: Counter[int] = Counter()
@@ -338,7 +353,8 @@ def _stragglers(
         if len(c.slots) > 1 and c.lead_ns > precision:
             last[c.last_rank] += 1
             caused[c.last_rank] += c.total_wait_ns
-    stats = [StragglerStat(r, last[r], caused[r], own[r]) for r in ranks]
+    stopped = {r: sum(b - a for a, b in spans) for r, spans in stops.items()}
+    stats = [StragglerStat(r, last[r], caused[r], own[r], stopped.get(r, 0)) for r in ranks]
     return tuple(sorted(stats, key=lambda s: (-s.wait_caused_ns, -s.times_last, s.rank)))
 
 

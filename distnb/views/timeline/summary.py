@@ -22,7 +22,13 @@ from distnb.views.timeline.model import Collective, Timeline
 __all__ = ["render_heading_html", "render_tables_html", "render_text"]
 
 STRAGGLER_LIMIT = 8  # rows of the straggler table before the rest are summed
-STRAGGLER_HEADER = ["rank", "arrived last", "others' wait caused", "own wait"]
+STRAGGLER_HEADER = [
+    "rank",
+    "arrived last",
+    "others' wait caused",
+    "own wait",
+    "stopped in a debugger",
+]
 OP_HEADER = ["op", "count", "bytes", "total time", "algbw GB/s", "busbw GB/s", "total wait"]
 WAIT_HEADER = ["collective", "last rank", "held others", "call site of the last rank"]
 STRAGGLERS = "Stragglers (arrived last; the others' wait for it)"
@@ -45,6 +51,7 @@ def straggler_rows(tl: Timeline, limit: int = STRAGGLER_LIMIT) -> list[list[str]
             str(s.times_last),
             format_ns(s.wait_caused_ns),
             format_ns(s.own_wait_ns),
+            format_ns(s.stopped_ns) if s.stopped_ns else "-",
         ]
         for s in tl.stragglers[:limit]
     ]
@@ -56,6 +63,7 @@ def straggler_rows(tl: Timeline, limit: int = STRAGGLER_LIMIT) -> list[list[str]
                 str(sum(s.times_last for s in rest)),
                 format_ns(sum(s.wait_caused_ns for s in rest)),
                 format_ns(sum(s.own_wait_ns for s in rest)),
+                format_ns(sum(s.stopped_ns for s in rest)),
             ]
         )
     return rows
@@ -98,6 +106,19 @@ def _site(c: Collective) -> str:
     return f"{text} [{origin}]" if origin else text
 
 
+def stopped_note(tl: Timeline) -> str:
+    """Time ranks sat stopped in a debugger: said once, as not waiting."""
+    if not tl.stops:
+        return ""
+    held = sum(c.stopped_wait_ns for c in tl.collectives)
+    others = f"; the others' wait meanwhile, {format_ns(held)}," if held else ""
+    ranks = format_ranks({s.rank for s in tl.stops})
+    return (
+        f"Stopped in a debugger: {ranks}, {format_ns(tl.stopped_ns)}{others} "
+        "is not counted as waiting or as wait caused"
+    )
+
+
 def incomplete_note(tl: Timeline) -> str:
     bad = [c for c in tl.collectives if not c.complete]
     if not bad:
@@ -110,7 +131,7 @@ def incomplete_note(tl: Timeline) -> str:
 
 
 def render_text(tl: Timeline) -> str:
-    lines = [headline(tl), tl.clock_note, ""]
+    lines = [headline(tl), tl.clock_note, *[n for n in [stopped_note(tl)] if n], ""]
     if not tl.collectives:
         return "\n".join([*lines, "(no collectives recorded)"])
     lines += [f"{STRAGGLERS}:", text_table(STRAGGLER_HEADER, straggler_rows(tl), indent="  ")]
@@ -123,7 +144,9 @@ def render_text(tl: Timeline) -> str:
 
 
 def render_heading_html(tl: Timeline) -> str:
-    return html_block([headline(tl), tl.clock_note], HEADING_STYLE, bold=True)
+    note = stopped_note(tl)
+    return html_block([headline(tl), tl.clock_note, *([note] if note else [])], HEADING_STYLE,
+                      bold=True)  # fmt: skip
 
 
 def render_tables_html(tl: Timeline) -> str:

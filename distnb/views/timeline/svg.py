@@ -46,6 +46,7 @@ def collective_title(c: Collective) -> str:
     lines = [
         f"{c.group} #{c.seq} {c.op} · {format_bytes(c.nbytes)} · {dur} · last: rank "
         f"{c.last_rank} (+{format_ns(c.lead_ns)}) · waits {format_ns(c.total_wait_ns)}"
+        + (f" · stopped in a debugger {format_ns(c.stopped_wait_ns)}" if c.stopped_wait_ns else "")
     ]
     by_site: dict[tuple[CallSite, str], list[int]] = {}
     for s in c.slots:
