@@ -5,6 +5,11 @@ starts and updated live as the rank prints; when the cell ends, ranks whose outp
 are collapsed into one area labelled with all their ranks. Without a kernel (terminal IPython,
 scripts) there are no updatable areas, so the output is printed once, at the end, in rank order.
 Rich outputs (`display(...)`, a cell's last expression) follow the text, labelled by rank.
+
+A rank's debugger prompt changes that (`hold`): a prompt and its answer show below the areas, so
+redrawing the areas would put the rank's answers above the commands that asked for them. From
+the first prompt on, the areas keep what they show and the rest of the output is printed below
+as it comes, labelled, in the order things happened (as without a kernel).
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ class CellOutput:
         self.live = in_kernel()
         self._handles: dict[int, Any] = {}
         self._shown: dict[int, str] = {}
-        self._printed: dict[int, tuple[int, int]] = {}  # without a kernel: what was printed
+        self._printed: dict[int, tuple[int, int]] = {}  # printed below (no kernel, or held)
+        self._seen: dict[int, tuple[int, int]] = {}  # what the areas show
+        self.held = False  # a prompt opened: the areas stay as they are, the rest is printed
         if self.live:
             from IPython.display import display
 
@@ -69,7 +76,11 @@ class CellOutput:
         """Show what each rank printed so far (kernel only)."""
         if not self.live:
             return
+        if self.held:
+            self._print_new(outputs)
+            return
         for out in outputs:
+            self._seen[out.rank] = (len(out.stdout), len(out.stderr))
             text = label_lines(f"rank {out.rank}", out.stdout) + label_lines(
                 f"rank {out.rank}", out.stderr
             )
@@ -80,9 +91,35 @@ class CellOutput:
     def progress(self, outputs: Sequence[RankOutput]) -> None:
         """Show what each rank printed so far, now (before a prompt): updated areas in a kernel;
         elsewhere, what was not printed yet, labelled (`finish` prints only the rest)."""
-        if self.live:
+        if self.live and not self.held:
             self.update(outputs)
             return
+        self._print_new(outputs)
+
+    def hold(self) -> None:
+        """Leave the areas as they are: from now on, output is printed below as it comes."""
+        if self.live and not self.held:
+            self.held = True
+            self._printed = dict(self._seen)
+
+    def take(
+        self, outputs: Sequence[RankOutput], upto: dict[int, tuple[int, int]]
+    ) -> dict[int, str]:
+        """Each listed rank's output not shown yet, up to its (stdout, stderr) counts, as text
+        (stdout, then stderr); it counts as shown (the caller shows it its own way)."""
+        taken = {}
+        for out in outputs:
+            if out.rank not in upto:
+                continue
+            done_out, done_err = self._printed.get(out.rank, (0, 0))
+            want_out, want_err = upto[out.rank]
+            end_out = min(max(want_out, done_out), len(out.stdout))
+            end_err = min(max(want_err, done_err), len(out.stderr))
+            taken[out.rank] = out.stdout[done_out:end_out] + out.stderr[done_err:end_err]
+            self._printed[out.rank] = (end_out, end_err)
+        return taken
+
+    def _print_new(self, outputs: Sequence[RankOutput]) -> None:
         for out in outputs:
             done_out, done_err = self._printed.get(out.rank, (0, 0))
             label = f"rank {out.rank}"
@@ -94,7 +131,7 @@ class CellOutput:
 
     def finish(self, outputs: Sequence[RankOutput]) -> None:
         """Final output: identical text collapsed, then rich outputs in rank order."""
-        if self.live:
+        if self.live and not self.held:
             self._finish_live(outputs)
         else:
             outputs = [self._unprinted(out) for out in outputs]

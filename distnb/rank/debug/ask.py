@@ -16,6 +16,8 @@ from typing import Any
 from torch.distributed import DistStoreError
 
 from distnb import keys
+from distnb.rank.debug.stops import begin_run as begin_stops
+from distnb.rank.debug.stops import stopped
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import CallSite
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
@@ -54,10 +56,18 @@ class Asker:
 
     def begin_run(self, run_id: int, stdin: bool) -> None:
         self.run_id, self.stdin = run_id, stdin
+        begin_stops(self.rank, run_id)
         self._base = (_written(sys.stdout), _written(sys.stderr))
 
-    def ask(self, prompt: str, site: CallSite | None, kind: AskKind = AskKind.INPUT) -> str:
-        """The line the user typed for `prompt` (without its newline).
+    def ask(
+        self,
+        prompt: str,
+        site: CallSite | None,
+        kind: AskKind = AskKind.INPUT,
+        mesh: dict[str, int] | None = None,
+    ) -> str:
+        """The line the user typed for `prompt` (without its newline); `mesh` is the rank's
+        place in its code's DeviceMesh, if any.
 
         Raises `NoInput` when no frontend can answer and `Quit` when the user interrupted the
         prompt."""
@@ -76,12 +86,14 @@ class Asker:
             kind=kind,
             stdout=_written(sys.stdout) - self._base[0],
             stderr=_written(sys.stderr) - self._base[1],
+            mesh=mesh or {},
         )
         self._beacon(BeaconState.STOPPED, site)
         self.store.set(keys.ask(n), request.to_json())
         self.store.set(keys.ask_count(self.rank), str(self._asked))
         try:
-            answer = self._wait(keys.answer(n))
+            with stopped():
+                answer = self._wait(keys.answer(n))
         finally:
             self._beacon(BeaconState.RUNNING, site)
         if answer == QUIT:

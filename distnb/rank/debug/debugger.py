@@ -7,9 +7,11 @@ habit works as users know it:
 - the stack it shows starts at the user's code: the cell (or the `%dist_run` script) and what it
   called, without IPython's, ipyparallel's or distnb's frames, and locations read
   `cell In[5] line 3` instead of `/tmp/ipykernel_*/NNN.py(3)`;
-- stepping never stops inside distnb or the engine's machinery (`SKIP`), so `n` over a checked
-  collective is one step; IPython runs a cell one statement at a time, each its own code object,
-  and stepping past the end of one goes on to the cell's next line, not into IPython;
+- stepping never stops inside distnb or the engine's machinery (`SKIP`, and distnb's files,
+  whose engine module runs as `__main__`: `s` on a `print` goes to the next line, not into
+  the engine's output stream), so `n` over a checked collective is one step; IPython runs a
+  cell one statement at a time, each its own code object, and stepping past the end of one
+  goes on to the cell's next line, not into IPython;
 - quitting (`q`, or an interrupt at the prompt) raises `DebuggerQuit`, naming the rank and where,
   instead of a bare `BdbQuit`.
 """
@@ -20,17 +22,20 @@ import bdb
 import builtins
 import code
 import linecache
+import os
 import pdb
 import re
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 from distnb.errors import DebuggerQuit
 from distnb.rank.debug.ask import Asker, NoInput
+from distnb.rank.debug.mesh import coordinates
 from distnb.records.collective import CallSite
 from distnb.records.debug import AskKind
 from distnb.userfiles import is_users, script_paths
@@ -52,6 +57,8 @@ _PATH = re.compile(r"(/[^\s:()]+\.py)(?::(\d+))?")
 
 # Modules stepping never stops in: distnb's and those that run cells on the engine.
 SKIP = ["distnb.*", "IPython.*", "ipykernel.*", "ipyparallel.*"]
+# distnb's files, whatever their module is called (the engine's entry point runs as __main__).
+_DISTNB = str(Path(__file__).resolve().parents[2]) + os.sep
 
 
 class RankPdb(pdb.Pdb):
@@ -82,6 +89,8 @@ class RankPdb(pdb.Pdb):
         super().user_return(frame, return_value)
 
     def stop_here(self, frame: FrameType) -> bool:
+        if frame.f_code.co_filename.startswith(_DISTNB):
+            return False
         if self._to_next_statement:  # only the cell's own code: the cell may be over
             return self.cell_of(frame.f_code.co_filename) is not None
         return bool(super().stop_here(frame))
@@ -131,7 +140,7 @@ class RankPdb(pdb.Pdb):
     def _ask(self, prompt: str = "") -> str:
         frame = self.curframe
         here = site(frame, frame.f_lineno, self.cell_of) if frame is not None else None
-        return self.asker.ask(prompt, here, AskKind.DEBUGGER)
+        return self.asker.ask(prompt, here, AskKind.DEBUGGER, coordinates(frame))
 
     def cmdloop(self, intro: str | None = None) -> None:
         try:
@@ -151,10 +160,14 @@ class RankPdb(pdb.Pdb):
         names = {**self.curframe.f_globals, **self.curframe.f_locals}
         prompts = getattr(sys, "ps1", None), getattr(sys, "ps2", None)
         sys.ps1, sys.ps2 = ">>> ", "... "  # the engine's are IPython's
+        # The engine's displayhook sends a value as the cell's result, shown after the cell's
+        # output: the console echoes it as a Python prompt does, in the rank's output, now.
+        hook, sys.displayhook = sys.displayhook, sys.__displayhook__
         try:
             _Console(names).interact("*interactive* (exit() returns to the debugger)", exitmsg="")
         finally:
             sys.ps1, sys.ps2 = prompts
+            sys.displayhook = hook
 
     # --- quitting -------------------------------------------------------------------------
 

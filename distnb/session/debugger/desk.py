@@ -7,10 +7,16 @@ frontend's input box, the terminal's prompt), and posts the answer back. The cel
 meanwhile: time spent with the user does not count towards its timeout.
 
 Several stopped ranks are asked in rank order, one prompt at a time; the rank at hand keeps the
-prompt while it steps (`n`, `s`), and gives it up when it continues or quits. Two commands are
+prompt while it steps (`n`, `s`), and gives it up when it continues or quits. Three commands are
 the desk's own, at any debugger prompt: `ranks` lists where every rank is, `rank N` switches to
-another stopped rank. An interrupt at a prompt quits that rank's debugger; a frontend that takes
-no input (nbconvert, papermill, `allow_stdin=False`) gets every prompt answered with `SKIP`.
+another stopped rank (and says where it stopped), and `ranks SELECTION COMMAND` sends COMMAND to
+several stopped ranks at once (`many`), showing their answers grouped. An interrupt at a prompt
+quits that rank's debugger; a frontend that takes no input (nbconvert, papermill,
+`allow_stdin=False`) gets every prompt answered with `SKIP`.
+
+The transcript reads in order: from the first prompt on, the run's output is printed below as it
+comes (`RunView.show_output`) rather than redrawn in the areas above, so the rank's output, each
+command and its answer follow each other as they happened.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import sys
 import time
 from typing import Protocol
 
+from distnb.ranklist import format_ranks
 from distnb.records.cell import RankState
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
 from distnb.session.control import ControlPlane
+from distnb.session.debugger import many
 
 __all__ = ["Desk", "RunView", "frontend_stdin"]
 
@@ -33,9 +41,17 @@ __all__ = ["Desk", "RunView", "frontend_stdin"]
 STEP_GRACE_S = 0.5
 # How long a rank's output may trail its prompt (iopub and the store are separate channels).
 OUTPUT_WAIT_S = 2.0
+# How long `ranks ... CMD` waits for ranks still on their way to a stop before it picks ranks.
+GATHER_S = 1.0
+# How long it waits for the ranks' answers before it shows those it has.
+ANSWERS_WAIT_S = 30.0
 # Debugger commands after which the rank runs on rather than stopping again at once.
 _RUNS_ON = re.compile(r"\s*(c|cont|continue|q|quit|exit|EOF)\s*$")
 _SWITCH = re.compile(r"\s*rank\s+(\d+)\s*$")
+
+
+# The user's answer was sent by the desk itself (to several ranks at once).
+_SENT = "\0sent"
 
 
 class RunView(Protocol):
@@ -43,7 +59,13 @@ class RunView(Protocol):
 
     def states(self) -> dict[int, RankState]: ...
     def written(self, rank: int) -> tuple[int, int]: ...
-    def show_output(self) -> None: ...
+    def show_output(self) -> None:
+        """Show every rank's output so far; from now on, print it below as it comes."""
+
+    def take_output(self, upto: dict[int, tuple[int, int]]) -> dict[int, str]:
+        """Each rank's output not shown yet, up to its (stdout, stderr) counts, now shown."""
+        ...
+
     def beacon_words(self) -> dict[int, str]: ...
 
 
@@ -87,8 +109,9 @@ class Desk:
             if answer is None:  # the user switched ranks; this prompt stays open
                 self.pending[rank] = request
                 continue
-            self.control.answer(request.n, answer)
-            self._runs_on = answer in (QUIT, SKIP) or bool(_RUNS_ON.match(answer))
+            if answer != _SENT:
+                self.control.answer(request.n, answer)
+                self._runs_on = answer in (QUIT, SKIP) or bool(_RUNS_ON.match(answer))
             self.current = rank
             self._collect()
         return time.monotonic() - start
@@ -125,15 +148,17 @@ class Desk:
         run.show_output()
 
     def _answer(self, run: RunView, request: InputRequest) -> str | None:
-        """The user's line for `request`; None when the user switched to another rank."""
+        """The user's line for `request`; None when the user switched to another rank (or sent
+        a command to other ranks), `_SENT` when the desk sent it to several ranks itself."""
         if self._no_stdin:
             return SKIP
         if request.rank != self.current and request.kind is AskKind.DEBUGGER:
             others = sorted(set(self.pending) - {request.rank})
-            more = f"; also stopped: {', '.join(map(str, others))}" if others else ""
+            more = f"; also stopped: {_numbers(others)}" if others else ""
+            to_all = ", `ranks all CMD` sends CMD to every stopped rank" if others else ""
             print(
                 f"distnb: rank {request.rank} stopped at {request.where}{more} "
-                "(`ranks` lists every rank, `rank N` switches)",
+                f"(`ranks` lists every rank, `rank N` switches{to_all})",
                 flush=True,
             )
         while True:
@@ -150,6 +175,16 @@ class Desk:
             if line.strip() == "ranks":
                 print(self._where_ranks(run, request), flush=True)
                 continue
+            try:
+                command = many.parse(line)
+            except ValueError as exc:
+                print(f"distnb: {exc}", flush=True)
+                continue
+            if command is not None:
+                sent = self._to_many(run, request, *command)
+                if sent is None:
+                    continue
+                return _SENT if sent else None
             switch = _SWITCH.match(line)
             if switch is None:
                 return line
@@ -158,6 +193,7 @@ class Desk:
                 continue
             if other in self.pending:
                 self.current = other
+                print(f"distnb: rank {other} stopped at {self.pending[other].where}", flush=True)
                 return None
             print(f"distnb: rank {other} is not stopped; {self._where_ranks(run, request)}")
 
@@ -176,9 +212,92 @@ class Desk:
                 where = stopped[rank].where
                 what = f"stopped in the debugger at {where}" if where else "stopped"
                 what += " (this prompt)" if rank == asking.rank else ""
+                mesh = stopped[rank].mesh
+                what += f" [{', '.join(f'{d}={c}' for d, c in mesh.items())}]" if mesh else ""
             elif states[rank] is RankState.RUNNING:
                 what = words.get(rank, "running")
             else:
                 what = states[rank].value
             lines.append(f"  rank {rank}: {what}")
         return "where the ranks are:\n" + "\n".join(lines)
+
+    # --- one command to several ranks --------------------------------------------------------
+
+    def _to_many(
+        self, run: RunView, asking: InputRequest, selection: many.Selection, command: str
+    ) -> bool | None:
+        """Send `command` to the stopped ranks `selection` names and show their answers.
+
+        True when `asking`'s prompt was among them (answered), False when it stays open, None
+        when no rank took the command."""
+        self._gather(run)
+        stopped = {**self.pending, asking.rank: asking}
+        targets, note = many.select(selection, stopped, sorted(run.states()))
+        if note:
+            print(f"distnb: {note}", flush=True)
+        if not targets:
+            print(f"distnb: no stopped rank in {selection}; {many.USAGE}", flush=True)
+            return None
+        run.show_output()
+        for rank in targets:
+            self.pending.pop(rank, None)
+            self.control.answer(stopped[rank].n, command)
+        self._runs_on = bool(_RUNS_ON.match(command))
+        if self._runs_on:
+            print(f"distnb: {format_ranks(targets)} go on ({command.strip()})", flush=True)
+        else:
+            print(many.group_answers(self._answers(run, targets)), end="", flush=True)
+        return asking.rank in targets
+
+    def _gather(self, run: RunView) -> None:
+        """Give ranks on their way to a stop a moment to get there (every rank of a training
+        step reaches its `breakpoint()` within moments of the first)."""
+        deadline = time.monotonic() + GATHER_S
+        while time.monotonic() < deadline:
+            self._collect()
+            states = run.states()
+            on_the_way = [
+                r for r, s in states.items() if s is RankState.RUNNING and r not in self.pending
+            ]
+            if not on_the_way:
+                return
+            words = run.beacon_words()
+            if all(words.get(r, "").startswith("waiting") for r in on_the_way):
+                return  # they wait at a collective for the stopped ranks
+            time.sleep(0.01)
+
+    def _answers(self, run: RunView, targets: list[int]) -> dict[int, str]:
+        """What each of `targets` printed for the command it was sent, up to its next prompt."""
+        waiting, notes = set(targets), {}
+        deadline = time.monotonic() + ANSWERS_WAIT_S
+        looked = 0.0
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.005)
+            self._collect()
+            states = run.states()
+            waiting = {r for r in waiting if r not in self.pending}
+            waiting = {r for r in waiting if states.get(r) is RankState.RUNNING}
+            if waiting and time.monotonic() - looked > 0.1:
+                looked, words = time.monotonic(), run.beacon_words()
+                held = {r: words[r] for r in waiting if words.get(r, "").startswith("waiting")}
+                notes.update({r: f"(distnb: {w})\n" for r, w in held.items()})
+                waiting -= set(held)
+        notes.update({r: "(distnb: still running the command)\n" for r in waiting})
+        upto = {r: (q.stdout, q.stderr) for r, q in self.pending.items() if r in targets}
+        out_deadline = time.monotonic() + OUTPUT_WAIT_S
+        for rank in targets:
+            counts = upto.get(rank)
+            while counts is not None and time.monotonic() < out_deadline:
+                out, err = run.written(rank)
+                if out >= counts[0] and err >= counts[1]:
+                    break
+                time.sleep(0.005)
+            if counts is None:  # no prompt came: whatever arrived
+                upto[rank] = run.written(rank)
+        texts = run.take_output(upto)
+        return {r: texts.get(r, "") + notes.get(r, "") for r in targets}
+
+
+def _numbers(ranks: list[int]) -> str:
+    """`0-3,6`: the ranks as `format_ranks` spells them, without the word."""
+    return format_ranks(ranks).split(" ", 1)[1]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from distnb import errors
+from distnb import errors, keys
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import BeaconState
 from distnb.records.cell import RankFailure, RankInfo, RankState
@@ -81,6 +81,8 @@ class CellRun:
         self._check_deaths()  # a process that died since the last cell
         self.cluster.members.mark_logs(t.pid for t in self.targets)
         self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin(), req.everyone)
+        # the file JupyterLab's debugger knows an %%allranks cell by: ranks compile it so
+        self.control.store.set(keys.CELL_FILE, visual.cell_file())
         if self.visual is not None:
             self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
             self._visual_s = self.visual.stopped_seconds()
@@ -151,9 +153,16 @@ class CellRun:
         return len(md["stdout"]), len(md["stderr"])
 
     def show_output(self) -> None:
-        """Show what every rank printed so far (before a prompt)."""
+        """Show what every rank printed so far (before a prompt); from now on, print it below
+        as it comes, so that the prompts and answers read in order."""
         assert self.output is not None
         self.output.progress(self._outputs())
+        self.output.hold()
+
+    def take_output(self, upto: dict[int, tuple[int, int]]) -> dict[int, str]:
+        """Each rank's output not shown yet, up to its counts, now counted as shown."""
+        assert self.output is not None
+        return self.output.take(self._outputs(), upto)
 
     def beacon_words(self) -> dict[int, str]:
         """What each running rank's beacon says it waits at (or that it is stopped in the
