@@ -77,8 +77,19 @@ def fe() -> Iterator[Frontend]:
         fe.run("%dist_stop", timeout=60)
 
 
-def attach(fe: Frontend) -> Dap:
+@pytest.fixture(autouse=True)
+def detached(fe: Frontend) -> Iterator[None]:
+    """Each test ends with the debugger off, whatever happened: nothing left stopped."""
+    yield
     dap = Dap(fe)
+    if dap.body("debugInfo")["isStarted"]:
+        dap.request("disconnect", restart=False, terminateDebuggee=False)
+
+
+def attach(fe: Frontend) -> Dap:
+    """Switch the debugger on as JupyterLab's bug icon does: `debugInfo`, then start it."""
+    dap = Dap(fe)
+    dap.body("debugInfo")
     dap.body(
         "initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
         linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
@@ -141,43 +152,62 @@ def output(fe: Frontend, msg_id: str, dap: Dap, timeout: float = 60) -> tuple[st
     return msg["content"]["status"], "\n".join(texts)
 
 
+def stopped_threads(dap: Dap, n: int, timeout: float = 90) -> list[int]:
+    """The stopped threads once `n` are stopped (the shown one first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        threads = list(dap.body("debugInfo")["stoppedThreads"])
+        if len(threads) >= n or time.monotonic() > deadline:
+            return threads
+        time.sleep(0.05)
+
+
+def names(dap: Dap) -> dict[int, str]:
+    return {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
+
+
+def variables(dap: Dap, frame: int) -> dict[str, dict[str, Any]]:
+    scopes = dap.body("scopes", frameId=frame)["scopes"]
+    found = dap.body("variables", variablesReference=scopes[0]["variablesReference"])
+    return {v["name"]: v for v in found["variables"]}
+
+
 def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
     fe: Frontend,
 ) -> None:
     dap, path, msg_id = run_with_breakpoints(fe, CELL, 3)
 
-    stopped = {dap.event("stopped")["threadId"], dap.event("stopped")["threadId"]}
-    threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
-    assert {threads[t] for t in stopped} == {"rank 0", "rank 1"}
-    rank1 = next(t for t in stopped if threads[t] == "rank 1")
-    rank0 = next(t for t in stopped if threads[t] == "rank 0")
+    shown = dap.event("stopped")["threadId"]  # the first rank to stop: the panel shows it
+    other = next(t for t in stopped_threads(dap, 2) if t != shown)
+    assert stopped_threads(dap, 2)[0] == shown  # JupyterLab takes the first as its thread
+    threads = names(dap)
+    assert {threads[shown], threads[other]} == {"rank 0", "rank 1"}
+    rank = int(threads[shown].split()[1])
 
-    frames = dap.body("stackTrace", threadId=rank1)["stackFrames"]
+    frames = dap.body("stackTrace", threadId=shown)["stackFrames"]
     top = frames[0]
     # the rank runs the cell under the file the frontend knows it by: the gutter's line
-    assert (top["name"], top["source"]["path"], top["line"]) == ("[rank 1] <module>", path, 3)
-    scopes = dap.body("scopes", frameId=top["id"])["scopes"]
-    names = {
-        v["name"]: v["value"]
-        for v in dap.body("variables", variablesReference=scopes[0]["variablesReference"])[
-            "variables"
-        ]
-    }
-    assert names["rank"] == "1"
-    assert names["x"].startswith("float32[3] cpu  tensor([2., 2., 2.])"), names["x"]
+    assert (top["name"], top["source"]["path"], top["line"]) == (f"[rank {rank}] <module>", path, 3)
+    # the other stopped rank is listed below, to be selected
+    held = frames[-1]
+    assert held["name"] == f"[rank {1 - rank}] <module> (stopped: select to show)", frames
+    x = variables(dap, top["id"])["x"]
+    value = f"{rank + 1:.0f}."
+    assert x["value"] == f"float32[3] cpu  tensor([{value}, {value}, {value}])", x
+    assert x["type"] == "Tensor float32[3] cpu"
 
-    dap.body("next", threadId=rank1)  # rank 1 steps to the all_reduce line
-    assert dap.event("stopped")["threadId"] == rank1
-    top = dap.body("stackTrace", threadId=rank1)["stackFrames"][0]
+    dap.body("next", threadId=shown)  # the shown rank steps to the all_reduce line
+    assert dap.event("stopped")["threadId"] == shown  # no other rank's stop in between
+    top = dap.body("stackTrace", threadId=shown)["stackFrames"][0]
     assert (top["source"]["path"], top["line"]) == (path, 4), top
     result = dap.body("evaluate", expression="y.sum().item()", frameId=top["id"], context="repl")
-    assert result["result"] == "12.0"
+    assert result["result"] == str(6.0 * (rank + 1))
 
-    dap.body("continue", threadId=rank1)  # rank 1 waits at all_reduce for rank 0, stopped
-    assert dap.event("continued")["threadId"] == rank1
-    assert dap.event("stopped")["threadId"] == rank0  # the frontend is shown the other one
+    dap.body("continue", threadId=shown)  # it waits at all_reduce for the other, stopped
+    assert dap.event("continued")["threadId"] == shown
+    assert dap.event("stopped")["threadId"] == other  # the frontend is shown the other one
     time.sleep(4)  # longer than the cell's 3 s timeout: time stopped is not the cell's
-    dap.body("continue", threadId=rank0)
+    dap.body("continue", threadId=other)
     status, text = output(fe, msg_id, dap)
     assert status == "ok", text
     assert "[rank 0] 0 [6.0, 6.0, 6.0]" in text and "[rank 1] 1 [6.0, 6.0, 6.0]" in text
@@ -196,6 +226,126 @@ def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
     dap.body("disconnect", restart=False, terminateDebuggee=False)
     status, text = output(fe, fe.kc.execute(CELL), dap)  # no debugger: the cell just runs
     assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+
+
+def test_a_tensor_shows_a_preview_and_expands_to_a_clean_list(fe: Frontend) -> None:
+    code = (
+        "%%allranks\nbig = torch.arange(64.0).reshape(16, 4)\nbig[0, 0] = float('nan')\n"
+        "w = torch.nn.Parameter(torch.ones(3))\nw.sum().backward()\nprint('seen')"
+    )
+    dap, _path, msg_id = run_with_breakpoints(fe, code, 6, condition="rank == 0")
+    stop = dap.event("stopped")["threadId"]
+    top = dap.body("stackTrace", threadId=stop)["stackFrames"][0]
+    found = variables(dap, top["id"])
+    assert found["big"]["value"] == "float32[16, 4] cpu  min 1 max 63 mean 32 NaN 1"
+    assert found["w"]["value"] == "float32[3] cpu  tensor([1., 1., 1.])", found["w"]
+    assert found["w"]["type"] == "Parameter float32[3] cpu"
+    listed = dap.body("variables", variablesReference=found["w"]["variablesReference"])
+    rows = {v["name"]: v["value"] for v in listed["variables"]}
+    assert rows["shape"] == "[3]" and rows["dtype"] == "torch.float32"
+    assert rows["requires_grad"] == "True"
+    assert rows["grad"] == "float32[3] cpu  tensor([1., 1., 1.])"
+    assert rows["values"] == "tensor([1., 1., 1.])"
+    listed = dap.body("variables", variablesReference=found["big"]["variablesReference"])
+    rows = {v["name"]: v["value"] for v in listed["variables"]}
+    assert rows["NaN"] == "1" and rows["first 8"].startswith("tensor([nan, 1., 2.,")
+    assert "Traceback" not in str(listed) and "only supported on matrices" not in str(listed)
+    dap.body("continue", threadId=stop)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[ranks 0-1] seen" in text, text
+    assert "PYDEV" not in text and "frozen modules" not in text
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+    # pdb after debugpy: no warning about sys.settrace in the rank's output
+    reply = fe.run("%%allranks --ranks 1\nbreakpoint()\nv = 3\nprint(v)", ["n", "p v", "c"])
+    assert reply.status == "ok" and "[rank 1] 3" in reply.text, reply.text
+    assert "PYDEV" not in reply.text and "settrace" not in reply.text
+
+
+def test_terminate_lets_the_ranks_go_and_leaves_the_debugger_off_as_the_panel_shows(
+    fe: Frontend,
+) -> None:
+    kernel_code = "a = 20\nb = a + 1\nprint('kernel', b)"
+    dap = attach(fe)
+    kernel_path = dap.body("dumpCell", code=kernel_code)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": kernel_path}, breakpoints=[{"line": 2}])
+    path = dap.body("dumpCell", code=CELL)["sourcePath"]
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(CELL)
+    dap.event("stopped")
+    stopped_threads(dap, 2)
+    # JupyterLab's Terminate: disconnect, then initialize, attach and the breakpoints again;
+    # its panel shows the debugger off and no breakpoints from the disconnect on
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+    reply = dap.request(
+        "initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
+        linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
+    )  # fmt: skip
+    assert not reply["success"] and "switched the debugger off" in reply["message"], reply
+    status, text = output(fe, msg_id, dap)  # nothing left stopped
+    assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+    info = dap.body("debugInfo")
+    assert (info["isStarted"], info["breakpoints"], info["stoppedThreads"]) == (False, [], [])
+    # the same cell, and a kernel cell, run through: no breakpoint the panel does not show
+    status, text = output(fe, fe.kc.execute(CELL), dap, timeout=60)
+    assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+    status, text = output(fe, fe.kc.execute(kernel_code), dap, timeout=30)
+    assert status == "ok" and "kernel 21" in text
+    # the bug icon switches it on again: debugInfo first, then initialize
+    assert not dap.body("debugInfo")["isStarted"]
+    dap = attach(fe)
+    dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
+    dap.body("configurationDone")
+    msg_id = fe.kc.execute(CELL)
+    dap.event("stopped")
+    dap.body("disconnect", restart=False, terminateDebuggee=False)  # off: the ranks go on
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
+
+
+def test_step_in_to_a_function_of_a_cell_run_before_the_debugger_was_on(fe: Frontend) -> None:
+    from ipykernel.compiler import get_file_name
+
+    prefix = Dap(fe).body("debugInfo")["tmpFilePrefix"]  # the kernel's folder for cell files
+    earlier = "%%allranks\ndef f(v):\n    w = v + 1\n    return w"
+    status, text = output(fe, fe.kc.execute(earlier), Dap(fe))
+    assert status == "ok", text
+    code = "%%allranks\nr = f(rank)\nprint('r', r)"
+    dap, _path, msg_id = run_with_breakpoints(fe, code, 2, condition="rank == 1")
+    stop = dap.event("stopped")["threadId"]
+    dap.body("stepIn", threadId=stop)
+    assert dap.event("stopped")["threadId"] == stop
+    top = dap.body("stackTrace", threadId=stop)["stackFrames"][0]
+    # the earlier cell's file, as JupyterLab names it: the frontend finds and highlights it
+    assert top["name"] == "[rank 1] f" and top["line"] == 3, top
+    assert top["source"]["path"] == prefix + Path(get_file_name(earlier)).name
+    source = dap.body("source", source=top["source"], sourceReference=0)
+    assert source["content"] == earlier
+    dap.body("continue", threadId=stop)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok" and "[rank 1] r 2" in text, text
+    # tracebacks and call sites still say the notebook's cell
+    reply = fe.run("%%allranks\nf(None)")
+    assert reply.status == "error" and re.search(r"Cell In\[\d+\], line 3", reply.text), reply.text
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+
+
+def test_selecting_a_held_ranks_frame_shows_that_rank(fe: Frontend) -> None:
+    dap, path, msg_id = run_with_breakpoints(fe, CELL, 3)
+    shown = dap.event("stopped")["threadId"]
+    other = next(t for t in stopped_threads(dap, 2) if t != shown)
+    held = dap.body("stackTrace", threadId=shown)["stackFrames"][-1]
+    assert "(stopped: select to show)" in held["name"]
+    dap.body("scopes", frameId=held["id"])  # JupyterLab asks the selected frame's scopes
+    # JupyterLab still names the thread it showed; Next steps the rank the user selected
+    dap.body("next", threadId=shown)
+    assert dap.event("stopped")["threadId"] == other
+    top = dap.body("stackTrace", threadId=other)["stackFrames"][0]
+    assert (top["source"]["path"], top["line"]) == (path, 4)
+    assert stopped_threads(dap, 2)[0] == other
+    dap.body("disconnect", restart=False, terminateDebuggee=False)
+    status, text = output(fe, msg_id, dap)
+    assert status == "ok", text
 
 
 def test_a_condition_picks_the_rank_and_kernel_cells_keep_the_kernels_debugger(
@@ -229,7 +379,7 @@ def test_a_condition_picks_the_rank_and_kernel_cells_keep_the_kernels_debugger(
 def test_disconnecting_lets_stopped_ranks_go_on(fe: Frontend) -> None:
     dap, _path, msg_id = run_with_breakpoints(fe, CELL, 3)
     dap.event("stopped")
-    dap.event("stopped")
+    stopped_threads(dap, 2)
     dap.body("disconnect", restart=False, terminateDebuggee=False)
     status, text = output(fe, msg_id, dap)
     assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
@@ -246,8 +396,8 @@ def test_a_new_cluster_while_attached_is_debugged_too(fe: Frontend) -> None:
     path = dap.body("dumpCell", code=CELL)["sourcePath"]
     dap.body("setBreakpoints", source={"path": path}, breakpoints=[{"line": 5}])
     msg_id = fe.kc.execute(CELL)
-    stopped = [dap.event("stopped")["threadId"] for _ in range(2)]
-    for thread in stopped:
+    for _ in range(2):  # one rank shown at a time; continuing it shows the other
+        thread = dap.event("stopped")["threadId"]
         top = dap.body("stackTrace", threadId=thread)["stackFrames"][0]
         assert (top["source"]["path"], top["line"]) == (path, 5)
         dap.body("continue", threadId=thread)
@@ -275,8 +425,8 @@ def test_a_breakpoint_in_a_script_stops_its_ranks(fe: Frontend, tmp_path: Path) 
     dap.body("setBreakpoints", source={"path": str(script)}, breakpoints=[{"line": 4}])
     dap.body("configurationDone")
     msg_id = fe.kc.execute(f"%dist_run {script}")
-    stopped = [dap.event("stopped")["threadId"] for _ in range(2)]
-    for thread in stopped:
+    for _ in range(2):
+        thread = dap.event("stopped")["threadId"]
         top = dap.body("stackTrace", threadId=thread)["stackFrames"][0]
         assert (top["source"]["path"], top["line"]) == (str(script), 4)
         assert re.fullmatch(r"\[rank [01]\] scale", top["name"]), top
@@ -290,12 +440,15 @@ def test_a_rank_that_dies_while_stopped_is_named_and_leaves_the_panel(fe: Fronte
     reply = fe.run("%%allranks\nimport os\nprint(os.getpid())")
     pid = int(reply.text.split("[rank 1] ")[1].split()[0])
     dap, _path, msg_id = run_with_breakpoints(fe, CELL, 3)
-    stopped = {dap.event("stopped")["threadId"], dap.event("stopped")["threadId"]}
-    threads = {t["id"]: t["name"] for t in dap.body("threads")["threads"]}
-    rank1 = next(t for t in stopped if threads[t] == "rank 1")
+    dap.event("stopped")
+    threads = names(dap)
+    rank1 = next(t for t in stopped_threads(dap, 2) if threads[t] == "rank 1")
     os.kill(pid, signal.SIGKILL)
-    # the panel lets it go (rank 0 may go first: the cell's end interrupts it)
-    assert rank1 in {dap.event("continued")["threadId"] for _ in range(2)}
+    # the panel lets it go
+    deadline = time.monotonic() + 30
+    while rank1 in dap.body("debugInfo")["stoppedThreads"]:
+        assert time.monotonic() < deadline, "rank 1 still listed as stopped"
+        time.sleep(0.05)
     status, text = output(fe, msg_id, dap)
     assert status == "error" and "RankDiedError: rank 1" in text, text
     dap.body("disconnect", restart=False, terminateDebuggee=False)  # rank 0 was still stopped

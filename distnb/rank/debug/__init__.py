@@ -115,6 +115,7 @@ def begin_run(run_id: int, stdin: bool, everyone: bool = True) -> None:
         _state.asker.begin_run(run_id, stdin)
         _state.everyone = everyone
         visual.name_cell(_state.shell, _state.asker.store)
+        visual.trace_cells()
 
 
 def end_run(error: BaseException | None) -> None:

@@ -2,14 +2,17 @@
 
 `listen` starts debugpy's adapter for this rank (once per process) and returns its address;
 the kernel connects to it and relays the frontend's debug requests (`distnb.session.visual`).
-While the kernel is connected:
 
-- each cell is compiled under the file name the kernel's debugger gave the notebook cell
-  (`name_cell`, from the control plane's `CELL_FILE` key), so breakpoints set in the cell's
-  gutter are this rank's breakpoints too, and the frontend shows the rank's current line in the
-  cell;
-- `breakpoint()` stops in the visual debugger at the caller's line (`stop_here`), not at the
-  text prompt.
+- Every `%%allranks` cell is compiled under the file name the kernel's debugger knows the
+  notebook cell by (`name_cell`, from the control plane's `CELL_FILE` key), whether or not the
+  debugger is on when it runs: breakpoints set in the cell's gutter are this rank's breakpoints
+  too, and the frontend shows the rank's current line in the cell, also in a function defined
+  by a cell run before the debugger was switched on.
+- While the kernel is connected, `breakpoint()` stops in the visual debugger at the caller's
+  line (`stop_here`), not at the text prompt.
+- The time the rank sits suspended by debugpy is a stop (`stops`), as at pdb's prompt.
+- pdb after debugpy is how distnb works (the text debugger once the visual one is off):
+  pydevd's warning against `sys.settrace` is silenced on ranks.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from types import FrameType
 from typing import Any
 
 from distnb import keys
+from distnb.rank.debug.stops import stopped
 
-__all__ = ["connected", "listen", "name_cell", "stop_here"]
+__all__ = ["connected", "listen", "name_cell", "stop_here", "trace_cells"]
 
 _address: tuple[str, int] | None = None
 
@@ -34,11 +38,34 @@ def listen() -> tuple[str, int, list[str]]:
     the folders of the packages whose frames are not the user's."""
     global _address
     if _address is None:
+        import os
+
         import debugpy
 
+        # pydevd's note about frozen modules would reach the cell's output: nothing to act on
+        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         host, port = debugpy.listen(("127.0.0.1", 0))
         _address = (str(host), int(port))
+        _quiet_and_timed()
     return (*_address, _folders())
+
+
+def _quiet_and_timed() -> None:
+    """No warning when pdb traces after debugpy; debugpy's suspensions kept as stops."""
+    pydevd, tracing = sys.modules.get("pydevd"), sys.modules.get("pydevd_tracing")
+    if tracing is not None:  # debugpy's own copy of pydevd, loaded by `listen`
+        tracing.TracingFunctionHolder._warn = False
+    debugger = pydevd.get_global_debugger() if pydevd is not None else None
+    if debugger is None or getattr(debugger.do_wait_suspend, "_distnb", False):
+        return
+    suspend = debugger.do_wait_suspend
+
+    def do_wait_suspend(*args: Any, **kwargs: Any) -> Any:
+        with stopped():
+            return suspend(*args, **kwargs)
+
+    do_wait_suspend._distnb = True  # type: ignore[attr-defined]
+    debugger.do_wait_suspend = do_wait_suspend
 
 
 def _folders() -> list[str]:
@@ -62,10 +89,20 @@ def connected() -> bool:
     return bool(debugpy.is_client_connected())
 
 
+def trace_cells() -> None:
+    """While the kernel is connected, make sure debugpy traces the thread cells run on: pdb
+    (the text debugger, used since) takes that thread's trace function and drops it when it
+    ends, after which no breakpoint of the visual debugger would stop a cell."""
+    if sys.gettrace() is None and connected():
+        import debugpy
+
+        debugpy.debug_this_thread()
+
+
 def name_cell(shell: Any, store: Any) -> None:
-    """Compile the cell about to run under the kernel's file name for it, if the visual
-    debugger is attached and the kernel gave one."""
-    if shell is None or not connected():
+    """Compile the cell about to run under the kernel's file name for it, if the kernel gave
+    one (a Jupyter kernel's `%%allranks` cell)."""
+    if shell is None or not store.check([keys.CELL_FILE]):
         return
     name = str(store.get(keys.CELL_FILE).decode())
     if not name:

@@ -239,6 +239,7 @@ class Desk:
             print(f"distnb: no stopped rank in {selection}; {many.USAGE}", flush=True)
             return None
         run.show_output()
+        self.current = asking.rank  # the prompt stays with the rank at hand
         for rank in targets:
             self.pending.pop(rank, None)
             self.control.answer(stopped[rank].n, command)

@@ -10,18 +10,25 @@ code never runs. `VisualDebugger` stands in front of ipykernel's debugger (`inst
   ranks compile the cell under it, so gutter breakpoints stop them and the frontend highlights
   their line in the cell. debugpy listens on the rank's loopback (it has no authentication); a
   rank on another host is reached through the signed control plane (`distnb.rank.debug.relay`).
+- Every `%%allranks` cell, debugger on or off, is run on the ranks under the file name the
+  frontend knows the cell by (`cell_file`: ipykernel's name for the raw cell), so a frame in a
+  function of any earlier cell shows in that cell; the relay answers `source` for those files.
 - A rank's threads, frames and variables reach the frontend under ids of their own (`ids`): a
   request naming such an id goes to that rank; every other request is ipykernel's, as before.
   Threads are `rank r` (the main thread) or `rank r: name`, frames `[rank r] name`; tensors
-  show dtype, shape and device before their value.
-- A rank's `stopped` event reaches the frontend as the kernel's own would. The rank is marked
-  stopped in the control plane (a `STOPPED` beacon, as the text debugger leaves: peers waiting
-  for it at collectives wait on, with no timeout and no hang report) and the cell's clock stops
-  while any rank is stopped (`stopped_seconds`). A rank is marked running before it is told to
-  go on; when `continue` leaves other ranks stopped, the frontend is shown the next of them.
-- When the frontend disconnects, stopped ranks are continued and the connections closed; a rank
-  whose adapter goes away (it died, the cluster stopped) is dropped, and if it was stopped the
-  frontend is told it continued.
+  show dtype, shape, device and a preview, and expand to a clean list (`variables`).
+- A rank's `stopped` event marks it stopped in the control plane (a `STOPPED` beacon, as the
+  text debugger leaves: peers waiting for it at collectives wait on, with no timeout and no
+  hang report) and stops the cell's clock while any rank is stopped (`stopped_seconds`). The
+  panel shows one rank at a time and never changes rank on its own (`panel`).
+- The panel and the kernel agree. Switching the debugger off (`disconnect`) lets stopped ranks
+  go on and forgets every breakpoint, in ipykernel and on the ranks. JupyterLab's *Terminate*
+  (the square) is `disconnect` followed at once by `initialize`, `attach` and the breakpoints
+  again, but its panel shows the debugger switched off and no breakpoints from then on: the
+  relay refuses that `initialize`, so the kernel is off too (no breakpoint the panel does not
+  show stops the next cell); the bug icon switches it on again.
+- A rank whose adapter goes away (it died, the cluster stopped) is dropped, and if the panel
+  showed it, the next stopped rank is shown.
 """
 
 from __future__ import annotations
@@ -37,19 +44,29 @@ from typing import TYPE_CHECKING, Any
 from distnb import keys
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.session.debugger import links
+from distnb.session.debugger.cells import CellFiles
 from distnb.session.debugger.dap import DapClient, DapError
 from distnb.session.debugger.ids import RESUMING, ROUTED, decode, encode, kernels
+from distnb.session.debugger.panel import Panel
+from distnb.session.debugger.variables import LISTED, Variables
 
 if TYPE_CHECKING:
     from distnb.records.cell import RankInfo
     from distnb.session.cluster import Cluster
     from distnb.session.control import ControlPlane
 
-__all__ = ["VisualDebugger", "active", "install", "uninstall"]
+__all__ = ["VisualDebugger", "active", "cell_file", "install", "uninstall"]
 
 Message = dict[str, Any]
 
-_TENSORS = {"Tensor", "Parameter", "DTensor"}
+# An `initialize` this soon after a `disconnect` that let stopped threads go, with no request
+# between: JupyterLab's restart (its Terminate, enabled only while a thread is stopped), not a
+# user switching the debugger on (JupyterLab asks `debugInfo` first).
+RESTART_S = 2.0
+TERMINATED = (
+    "distnb: Terminate let the stopped ranks go on and switched the debugger off, as the panel "
+    "shows it; click the bug icon to switch it on again"
+)
 
 _active: VisualDebugger | None = None
 
@@ -82,7 +99,7 @@ def uninstall() -> None:
     if _active is not None:
         _active.close()
         _active.debugger.process_request = _active.own
-        _active.shell.events.unregister("pre_run_cell", _active._remember_cell)
+        _active.shell.events.unregister("pre_run_cell", _active.cells.remember)
         _active = None
 
 
@@ -91,43 +108,59 @@ def active() -> VisualDebugger | None:
     return _active if _active is not None and _active.attached else None
 
 
+def cell_file() -> str:
+    """The file name the frontend's debugger knows the running `%%allranks` cell by ("" outside
+    a Jupyter kernel, or for code that is not such a cell)."""
+    return _active.cells.current() if _active is not None else ""
+
+
 class VisualDebugger:
     def __init__(self, shell: Any, debugger: Any) -> None:
         self.shell = shell
         self.debugger = debugger
         self.own = debugger.process_request
         debugger.process_request = self.process_request
-        shell.events.register("pre_run_cell", self._remember_cell)
+        self.cells = CellFiles()
+        shell.events.register("pre_run_cell", self.cells.remember)
         self.attached = False
-        self.raw_cell = ""
         self.breakpoints: dict[str, list[Message]] = {}  # source path -> as the frontend set
         self.clients: dict[int, DapClient] = {}
         self.stopped: dict[int, Message] = {}  # rank -> its stopped event's body (own ids)
         self.resumed_by: dict[int, str] = {}
-        self.shown: int | None = None  # the rank's thread the frontend shows, while stopped
+        self.panel = Panel(lambda: dict(self.stopped), self._emit)
         self.frames: dict[tuple[int, int], int] = {}  # (rank, variables ref) -> its frame
+        self.variables = Variables()
         self.control: ControlPlane | None = None
         self.run_id = 0
         self._lock = threading.Lock()
         self._stopped_s = 0.0
         self._since: float | None = None
+        self._disconnected_at: float | None = None  # nothing asked since the last disconnect
 
     # --- the frontend's requests ---------------------------------------------------------
 
     async def process_request(self, message: Message) -> Message:
         command = message.get("command", "")
         args = message.get("arguments") or {}
+        if self._restarting(command):
+            return _refused(message, TERMINATED)
         key = ROUTED.get(command)
         thread = args.get(key) if key == "threadId" else None
-        if isinstance(thread, int) and kernels(thread) and self._rank_shown():
+        if isinstance(thread, int) and self._rank_shown():
             # JupyterLab names the thread it shows only while it is in its set of stopped
-            # threads; its Continue takes it out first and then asks for thread 1
-            args = message["arguments"] = {**args, key: self.shown}
+            # threads (its Continue takes it out first and then asks for thread 1), and after
+            # the user selected another rank's frame it still names the one it showed before
+            shown = self.panel.shown if kernels(thread) else self.panel.route(thread)
+            args = message["arguments"] = {**args, key: shown}
+        source = self.cells.source(message) if command == "source" else None
+        if source is not None:
+            return source
         if key is not None and isinstance(args.get(key), int):
             rank, own = decode(args[key])
             if rank is not None:
                 routed: Message = await _off_loop(self._to_rank, rank, message, key, own)
                 return routed
+        was_stopped = bool(self.stopped) or bool(getattr(self.debugger, "stopped_threads", ()))
         reply: Message = await self.own(message)
         if command == "attach" and reply.get("success"):
             self.attached = True
@@ -139,15 +172,24 @@ class VisualDebugger:
             threads = await _off_loop(self._threads)
             reply.setdefault("body", {}).setdefault("threads", []).extend(threads)
         elif command == "debugInfo":
-            stopped = [encode(r, b.get("threadId", 0)) for r, b in list(self.stopped.items())]
-            reply.setdefault("body", {}).setdefault("stoppedThreads", []).extend(stopped)
+            reply.setdefault("body", {}).setdefault("stoppedThreads", []).extend(
+                self.panel.threads()
+            )
         elif (
             command == "disconnect"
         ):  # as ipykernel, forget the breakpoints: a new attach sets them
             self.attached = False
             self.breakpoints.clear()
             await _off_loop(self.close)
+            self._disconnected_at = time.monotonic() if was_stopped else None
         return reply
+
+    def _restarting(self, command: str) -> bool:
+        """Whether `command` is the `initialize` of JupyterLab's restart (its Terminate)."""
+        since, self._disconnected_at = self._disconnected_at, None
+        return (
+            command == "initialize" and since is not None and time.monotonic() - since < RESTART_S
+        )
 
     def _to_rank(self, rank: int, message: Message, key: str, own: int) -> Message:
         command = message["command"]
@@ -162,9 +204,15 @@ class VisualDebugger:
             reply["message"] = f"rank {rank} is not connected to the debugger"
             return reply
         args = {**message.get("arguments", {}), key: own}
+        if command == "variables" and own & LISTED:  # a tensor's list, the relay's own
+            listed = self.variables.listed(client, rank, own)
+            reply.update(success=listed is not None, body={"variables": listed or []})
+            return reply
         if command in RESUMING:
             self._mark_running(rank)
             self.resumed_by[rank] = command
+        elif command == "scopes":
+            self.panel.switch(rank)  # the user selected this rank's frame
         try:
             body = client.request(command, args)
         except DapError as exc:
@@ -178,6 +226,8 @@ class VisualDebugger:
             for frame in body.get("stackFrames", []):
                 frame["name"] = f"[rank {rank}] {frame['name']}"
                 frame["id"] = encode(rank, frame["id"])
+            if self.panel.rank() == rank:
+                body["stackFrames"] = body.get("stackFrames", []) + self._held_frames(rank)
         elif command == "scopes":
             for scope in body.get("scopes", []):
                 self._variables_of(rank, scope, args["frameId"])
@@ -185,16 +235,31 @@ class VisualDebugger:
             frame = self.frames.get((rank, args["variablesReference"]))
             accept = getattr(self.debugger, "accept_variable", lambda name: True)
             body["variables"] = [v for v in body.get("variables", []) if accept(v["name"])]
+            if frame is not None:
+                self.variables.present(self.clients[rank], rank, frame, body["variables"])
             for variable in body["variables"]:
-                if variable.get("type") in _TENSORS and frame is not None:
-                    described = self._tensor(rank, frame, variable)
-                    if described:  # the tree shows an expandable value's type: say it there too
-                        variable["type"] = f"{variable['type']} {described}"
-                        variable["value"] = f"{described}  {variable.get('value', '')}"
                 self._variables_of(rank, variable, frame)
         elif command in ("evaluate", "setExpression", "setVariable"):
             self._variables_of(rank, body, args.get("frameId"))
         return body
+
+    def _held_frames(self, shown: int) -> list[Message]:
+        """The top frame of every other stopped rank, below the shown rank's stack: selecting
+        one shows that rank (`Panel.switch`)."""
+        frames = []
+        for rank, stop in sorted(self.stopped.items()):
+            client = self.clients.get(rank)
+            if rank == shown or client is None:
+                continue
+            try:
+                found = client.request("stackTrace", {"threadId": stop["threadId"], "levels": 1})
+            except DapError:
+                continue
+            for frame in found.get("stackFrames", [])[:1]:
+                frame["name"] = f"[rank {rank}] {frame['name']} (stopped: select to show)"
+                frame["id"] = encode(rank, frame["id"])
+                frames.append(frame)
+        return frames
 
     def _variables_of(self, rank: int, holder: Message, frame: int | None) -> None:
         ref = holder.get("variablesReference", 0)
@@ -202,20 +267,6 @@ class VisualDebugger:
             if frame is not None:
                 self.frames[(rank, ref)] = frame
             holder["variablesReference"] = encode(rank, ref)
-
-    def _tensor(self, rank: int, frame: int, variable: Message) -> str:
-        """`float32[16, 3] cpu`: a tensor's dtype, shape and device ("" if unknown)."""
-        name = variable.get("evaluateName")
-        if not name:
-            return ""
-        expression = f"'%s%s %s' % (str({name}.dtype)[6:], list({name}.shape), {name}.device)"
-        try:
-            body = self.clients[rank].request(
-                "evaluate", {"expression": expression, "frameId": frame, "context": "watch"}
-            )
-        except (DapError, KeyError):
-            return ""
-        return str(body.get("result", "")).strip("'")
 
     def _threads(self) -> list[Message]:
         threads = []
@@ -248,7 +299,6 @@ class VisualDebugger:
         """A cell is about to run on `targets`: connect to the ranks not yet connected and
         tell them the cell's file name."""
         self.control, self.run_id = control, run_id
-        control.store.set(keys.CELL_FILE, self._cell_file())
         for info in targets:
             client = self.clients.get(info.rank)
             if client is not None and not client.closed:
@@ -268,40 +318,22 @@ class VisualDebugger:
         body = dict(event.get("body") or {})
         if name == "stopped" and "threadId" in body:
             self._mark_stopped(rank, body)
-            self._show_stopped(rank, body)
+            self.panel.stopped(rank, body)
         elif name == "continued" and "threadId" in body:
             self._mark_running(rank)
-            self._emit("continued", {"threadId": encode(rank, body["threadId"])})
-            if self.resumed_by.pop(rank, "") == "continue":
-                self._show_next()
+            self.panel.continued(rank, self.resumed_by.pop(rank, ""))
         elif name in ("distnb.closed", "terminated", "exited"):  # the rank or its adapter went
             client = self.clients.pop(rank, None)
             if client is not None:
                 client.close()
-            was = self.stopped.get(rank)
             self._mark_running(rank, beacon=False)
-            if was is not None:
-                self._emit("continued", {"threadId": encode(rank, was["threadId"])})
-                self._show_next()
+            self.panel.continued(rank, "")
 
     def _rank_shown(self) -> bool:
         """Whether the frontend shows a stopped rank, and no thread of the kernel's own is
         stopped (a cell of the kernel's)."""
         kernel_stopped = bool(getattr(self.debugger, "stopped_threads", ()))
-        return self.shown is not None and not kernel_stopped
-
-    def _show_stopped(self, rank: int, body: Message) -> None:
-        self.shown = encode(rank, body["threadId"])
-        shown = {**body, "threadId": self.shown, "allThreadsStopped": False}
-        shown["description"] = f"rank {rank}: {body.get('description') or body.get('reason')}"
-        self._emit("stopped", shown)
-
-    def _show_next(self) -> None:
-        """Show the frontend a rank still stopped (it shows one thread at a time)."""
-        with self._lock:
-            still = sorted(self.stopped.items())
-        if still:
-            self._show_stopped(*still[0])
+        return self.panel.shown is not None and not kernel_stopped
 
     def _emit(self, event: str, body: Message) -> None:
         self.debugger.event_callback({"type": "event", "event": event, "seq": 0, "body": body})
@@ -319,8 +351,7 @@ class VisualDebugger:
             if self.stopped.pop(rank, None) is None:
                 return
             self.frames = {key: f for key, f in self.frames.items() if key[0] != rank}
-            if self.shown is not None and decode(self.shown)[0] == rank:
-                self.shown = None
+            self.variables.forget(rank)
             if not self.stopped and self._since is not None:
                 self._stopped_s += time.monotonic() - self._since
                 self._since = None
@@ -338,17 +369,6 @@ class VisualDebugger:
             now = time.monotonic() - self._since if self._since is not None else 0.0
             return self._stopped_s + now
 
-    def _remember_cell(self, info: Any) -> None:
-        self.raw_cell = getattr(info, "raw_cell", "") or ""
-
-    def _cell_file(self) -> str:
-        """The file the frontend's debugger knows the running `%%allranks` cell by."""
-        if not self.raw_cell.lstrip().startswith("%%allranks"):
-            return ""
-        from ipykernel.compiler import get_file_name
-
-        return str(get_file_name(self.raw_cell))  # type: ignore[no-untyped-call]
-
     def close(self) -> None:
         """Let stopped ranks go on and end every connection to the ranks."""
         for rank in sorted(self.stopped):
@@ -364,6 +384,12 @@ class VisualDebugger:
                     client.request("disconnect", {"terminateDebuggee": False}, timeout=5)
             client.close()
         self.clients.clear()
+        self.panel.reset()
+
+
+def _refused(message: Message, why: str) -> Message:
+    return {"type": "response", "request_seq": message.get("seq", 0),
+            "command": message.get("command", ""), "success": False, "message": why}  # fmt: skip
 
 
 async def _off_loop(fn: Any, *args: Any) -> Any:
