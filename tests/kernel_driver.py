@@ -98,6 +98,15 @@ class Reply:
     def text(self) -> str:
         """Everything shown, in the order a notebook shows it: streams, display areas (with
         their last content, where they were created), results and errors."""
+        return self._joined(with_prompts=False)
+
+    @property
+    def transcript(self) -> str:
+        """`text` with each answered prompt where the notebook shows it: the prompt and the
+        line typed (`[rank 1] (Pdb) p x`), between the outputs that came before and after."""
+        return self._joined(with_prompts=True)
+
+    def _joined(self, with_prompts: bool) -> str:
         parts = []
         for out in self.outputs:
             if out["type"] == "stream":
@@ -106,6 +115,8 @@ class Reply:
                 parts.append("\n".join(out["traceback"]))
             elif out["type"] == "area":
                 parts.append(self.shown[out["id"]])
+            elif out["type"] == "stdin":
+                parts += [out["text"]] if with_prompts else []
             elif "data" in out:
                 parts.append(out["data"].get("text/plain", ""))
         return ANSI.sub("", "\n".join(parts))
@@ -145,11 +156,13 @@ class Frontend:
                 reply.prompts.append(prompt)
                 if not pending:
                     raise AssertionError(f"unexpected prompt {prompt!r}\n{reply.text}")
+                self._settle(msg_id, reply)  # what came before the prompt shows above it
                 answer = pending.pop(0)
                 line = answer(prompt) if callable(answer) else answer
                 if line is None:
                     self.km.interrupt_kernel()
                 else:
+                    reply.outputs.append({"type": "stdin", "text": f"{prompt}{line}"})
                     self.kc.input(line)
             idle = self._drain(msg_id, reply)
         reply.content = self._shell_reply(msg_id, deadline)
@@ -157,6 +170,17 @@ class Frontend:
         if pending:
             raise AssertionError(f"{len(pending)} answers left: {reply.prompts}\n{reply.text}")
         return reply
+
+    def _settle(self, msg_id: str, reply: Reply, quiet: float = 0.2) -> None:
+        """Read iopub until it has been quiet for `quiet` s, as a user reads the screen before
+        typing (iopub and stdin are separate channels: output sent just before a prompt may
+        arrive just after it)."""
+        last = time.monotonic()
+        while time.monotonic() - last < quiet:
+            before = len(reply.outputs), dict(reply.shown)
+            self._drain(msg_id, reply)
+            if (len(reply.outputs), reply.shown) != before:
+                last = time.monotonic()
 
     def _shell_reply(self, msg_id: str, deadline: float) -> dict[str, Any]:
         """The execute_reply to `msg_id` (a reply to an earlier request may come first)."""

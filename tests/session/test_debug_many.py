@@ -34,7 +34,7 @@ def test_parse_reads_all_lists_ranges_and_mesh_slices() -> None:
     ],
 )
 def test_a_selection_that_does_not_read_says_how_to_write_one(line: str, says: str) -> None:
-    with pytest.raises(ValueError, match="e.g. `ranks all p loss`") as info:
+    with pytest.raises(ValueError, match=r"e\.g\. `ranks all p loss`") as info:
         parse(line)
     assert says in str(info.value)
 

@@ -89,11 +89,23 @@ class RankPdb(pdb.Pdb):
         super().user_return(frame, return_value)
 
     def stop_here(self, frame: FrameType) -> bool:
-        if frame.f_code.co_filename.startswith(_DISTNB):
+        if self._machinery(frame):
             return False
         if self._to_next_statement:  # only the cell's own code: the cell may be over
             return self.cell_of(frame.f_code.co_filename) is not None
         return bool(super().stop_here(frame))
+
+    def _machinery(self, frame: FrameType | None) -> bool:
+        """`frame` runs for distnb or the engine (its own code, or a library it called, as the
+        standard library's threading from the engine's output stream), not for the user."""
+        while frame is not None:
+            name = frame.f_globals.get("__name__") or ""
+            if frame.f_code.co_filename.startswith(_DISTNB) or self.is_skipped_module(name):
+                return True
+            if not _is_library(frame) or self.cell_of(frame.f_code.co_filename) is not None:
+                return False  # the user's own code, or a library the user's code called
+            frame = frame.f_back
+        return False
 
     def user_call(self, frame: FrameType, argument_list: Any) -> None:
         if not self._to_next_statement:  # else stop at the statement's first line, not its call

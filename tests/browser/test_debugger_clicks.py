@@ -1,0 +1,134 @@
+"""JupyterLab's debugger on 4 ranks, clicked as a user clicks it, in a real JupyterLab in a real
+Chromium: four ranks stopped at one gutter breakpoint, the panel on one of them without jumping
+to another; a tensor's line and its expanded list in *Variables*; selecting another rank's frame;
+*Step In* to a function of a cell run before the debugger was on; *Terminate*, after which the
+panel and the kernel agree that the debugger is off. Screenshots: artifacts/debug/*.png."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import nbformat
+import pytest
+
+from tests.browser.lab import REPO, Lab, cell, output_text, wait_for_kernel_idle
+from tests.browser.test_visual_debugger import ran, run_cell
+
+pytestmark = [pytest.mark.cluster, pytest.mark.browser]
+
+SHOTS = REPO / "artifacts" / "debug"
+NAME = "debugger-clicks.ipynb"
+CELLS = [
+    "%load_ext distnb\n%dist_start -n 4",
+    "%%allranks\ndef scale(t):\n    u = t * 2\n    return u",
+    "%%allranks\nx = torch.ones(3) * (rank + 1)\nbig = torch.arange(64.0).reshape(16, 4)\n"
+    "y = scale(x)\ndist.all_reduce(y)\nprint(rank, y.tolist())",
+    "%dist_stop",
+]
+DONE = [f"[rank {r}] {r} [20.0, 20.0, 20.0]" for r in range(4)]
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=SHOTS / f"{name}.png")
+
+
+def bug_pressed(page: Any) -> bool:
+    button = page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton button").first
+    return button.get_attribute("aria-pressed") == "true"
+
+
+def open_notebook(lab: Lab, page: Any) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    spec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = spec
+    nbformat.write(nb, lab.root / NAME)
+    page.goto(f"{lab.url}/lab/tree/{NAME}?reset&token={lab.token}", timeout=60_000)
+    wait_for_kernel_idle(page)
+
+
+@pytest.mark.usefixtures("chromium")  # first: skip before starting JupyterLab
+def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=90_000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    console: list[str] = []
+    page.on("console", lambda msg: console.append(msg.text))
+    open_notebook(lab, page)
+    try:
+        run_cell(page, 0)
+        ran(page, 0, timeout=240)
+        run_cell(page, 1)  # defines scale(), with the debugger off
+        ran(page, 1)
+        page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton").click()
+        expect(page.locator(".jp-DebuggerCallstack")).to_be_visible()
+        assert bug_pressed(page)
+        gutter = cell(page, 2).locator(".cm-breakpoint-gutter .cm-gutterElement")
+        gutter.nth(4).click()  # line 4: y = scale(x) (element 0 is the gutter's spacer)
+        expect(gutter.nth(4).locator(".cm-breakpoint-icon")).to_have_count(1)
+        run_cell(page, 2)
+
+        # four ranks stop; the panel shows one and lists the three others to select
+        frames = page.locator(".jp-DebuggerCallstackFrame")
+        held = frames.filter(has_text="(stopped: select to show)")
+        expect(held).to_have_count(3)
+        first = frames.first.text_content() or ""
+        shown = int(re.search(r"\[rank (\d)\] <module>", first).group(1))  # type: ignore[union-attr]
+        page.wait_for_timeout(2000)  # the panel does not change rank on its own
+        assert frames.first.text_content() == first
+        expect(frames.first).to_contain_text("Cell [*]:4")
+        shot(page, "four-ranks-stopped")
+
+        # a tensor's line, and its list when expanded: no debugpy attribute walk
+        variables = page.locator(".jp-DebuggerVariables")
+        value = f"{shown + 1}."
+        expect(variables).to_contain_text(f"float32[3] cpu  tensor([{value}, {value}, {value}])")
+        expect(variables).to_contain_text("float32[16, 4] cpu  min 0 max 63 mean 31.5")
+        variables.get_by_text("big", exact=True).first.click()
+        expect(variables).to_contain_text("requires_grad")
+        expect(variables).to_contain_text("first 8")
+        assert "Traceback" not in (variables.text_content() or "")
+        assert "only supported on matrices" not in (variables.text_content() or "")
+        shot(page, "variables-tensor")
+
+        # selecting another rank's frame shows that rank
+        other = held.first
+        other_rank = int(re.search(r"\[rank (\d)\]", other.text_content() or "").group(1))  # type: ignore[union-attr]
+        other.click()
+        value = f"{other_rank + 1}."
+        expect(variables).to_contain_text(f"float32[3] cpu  tensor([{value}, {value}, {value}])")
+        shot(page, "other-rank-selected")
+
+        # Step In to scale(), defined by a cell run before the debugger was on: its source
+        page.locator('button[title^="Step In"]').click()
+        expect(frames.first).to_contain_text(f"[rank {other_rank}] scale")
+        expect(frames.first).to_contain_text(re.compile(r"Cell \[\d+\]:3"))
+        highlighted = cell(page, 1).locator(".jp-DebuggerEditor-highlight")
+        expect(highlighted).to_have_count(1)
+        expect(highlighted).to_contain_text("u = t * 2")
+        shot(page, "step-in-earlier-cell")
+
+        # Terminate: every rank goes on, and the debugger is off in the panel and the kernel
+        page.locator('button[title^="Terminate"]').click()
+        ran(page, 2, timeout=90)
+        text = output_text(cell(page, 2))
+        assert all(line in text for line in DONE), text
+        page.wait_for_timeout(1000)
+        assert not bug_pressed(page)
+        expect(gutter.locator(".cm-breakpoint-icon")).to_have_count(0)
+        shot(page, "terminated")
+        run_cell(page, 2)  # no breakpoint the panel does not show: it runs through
+        page.wait_for_timeout(500)
+        ran(page, 2, timeout=60)
+        assert all(line in output_text(cell(page, 2)) for line in DONE)
+        page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton").click()
+        expect(page.locator(".jp-DebuggerCallstack")).to_be_visible()
+        page.wait_for_timeout(1000)
+        assert bug_pressed(page)  # one click switches it on again
+        shot(page, "on-again")
+        assert not [m for m in console if "Failed to fetch source" in m], console
+    finally:
+        shot(page, "last-view")
+        run_cell(page, 3)
+        ran(page, 3, timeout=60)
