@@ -36,6 +36,7 @@ class ControlPlane:
         self._stack_requests: dict[int, int] = {}
         self._asked: list[int] = []  # per rank, the requests for input read so far
         self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
+        self.store.set(keys.CELL_FILE, "")  # so is the file name a cell runs under (none yet)
 
     def client(self) -> Any:
         """A connection of its own to the store (signed as `store` is), for a thread that

@@ -7,6 +7,7 @@ panel and the kernel agree that the debugger is off. Screenshots: artifacts/debu
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import nbformat
@@ -18,6 +19,7 @@ from tests.browser.test_visual_debugger import ran, run_cell
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
 SHOTS = REPO / "artifacts" / "debug"
+SHOTS.mkdir(parents=True, exist_ok=True)
 NAME = "debugger-clicks.ipynb"
 CELLS = [
     "%load_ext distnb\n%dist_start -n 4",
@@ -33,9 +35,15 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=SHOTS / f"{name}.png")
 
 
-def bug_pressed(page: Any) -> bool:
-    button = page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton button").first
-    return button.get_attribute("aria-pressed") == "true"
+def tensor_line(k: int) -> re.Pattern[str]:
+    """x's line in the Variables tree (its colon is the stylesheet's):
+    `x: Tensor float32[3] cpu  tensor([k., k., k.])`."""
+    return re.compile(rf"x:?\s*Tensor float32\[3\] cpu\s+tensor\(\[{k}\., {k}\., {k}\.\]\)")
+
+
+def button(page: Any, name: str) -> Any:
+    """A button of the debugger's call stack toolbar, by its title: `Step In (F11)`."""
+    return page.locator(f'[title^="{name} ("]').first
 
 
 def open_notebook(lab: Lab, page: Any) -> None:
@@ -47,12 +55,20 @@ def open_notebook(lab: Lab, page: Any) -> None:
     wait_for_kernel_idle(page)
 
 
+@pytest.fixture
+def dap_log(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file the kernel writes the frontend's debug requests to (`DISTNB_DAP_LOG`)."""
+    path = SHOTS / "dap.log"
+    path.unlink(missing_ok=True)
+    monkeypatch.setenv("DISTNB_DAP_LOG", str(path))
+    return path
+
+
 @pytest.mark.usefixtures("chromium")  # first: skip before starting JupyterLab
-def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None:
+def test_four_ranks_variables_step_in_and_terminate(dap_log: Path, lab: Lab, page: Any) -> None:
     from playwright.sync_api import expect
 
     expect.set_options(timeout=90_000)
-    SHOTS.mkdir(parents=True, exist_ok=True)
     console: list[str] = []
     page.on("console", lambda msg: console.append(msg.text))
     open_notebook(lab, page)
@@ -61,9 +77,10 @@ def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None
         ran(page, 0, timeout=240)
         run_cell(page, 1)  # defines scale(), with the debugger off
         ran(page, 1)
-        page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton").click()
+        bug = page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton").first
+        bug.click()
         expect(page.locator(".jp-DebuggerCallstack")).to_be_visible()
-        assert bug_pressed(page)
+        expect(bug).to_have_attribute("title", "Disable Debugger")
         gutter = cell(page, 2).locator(".cm-breakpoint-gutter .cm-gutterElement")
         gutter.nth(4).click()  # line 4: y = scale(x) (element 0 is the gutter's spacer)
         expect(gutter.nth(4).locator(".cm-breakpoint-icon")).to_have_count(1)
@@ -71,7 +88,7 @@ def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None
 
         # four ranks stop; the panel shows one and lists the three others to select
         frames = page.locator(".jp-DebuggerCallstackFrame")
-        held = frames.filter(has_text="(stopped: select to show)")
+        held = frames.filter(has_text="(select to show)")
         expect(held).to_have_count(3)
         first = frames.first.text_content() or ""
         shown = int(re.search(r"\[rank (\d)\] <module>", first).group(1))  # type: ignore[union-attr]
@@ -82,10 +99,11 @@ def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None
 
         # a tensor's line, and its list when expanded: no debugpy attribute walk
         variables = page.locator(".jp-DebuggerVariables")
-        value = f"{shown + 1}."
-        expect(variables).to_contain_text(f"float32[3] cpu  tensor([{value}, {value}, {value}])")
-        expect(variables).to_contain_text("float32[16, 4] cpu  min 0 max 63 mean 31.5")
-        variables.get_by_text("big", exact=True).first.click()
+        expect(variables).to_contain_text(tensor_line(shown + 1))
+        expect(variables).to_contain_text(
+            re.compile(r"big:?\s*Tensor float32\[16, 4\] cpu\s+min 0 max 63 mean 31.5")
+        )
+        variables.get_by_text(re.compile(r"^big")).first.click()
         expect(variables).to_contain_text("requires_grad")
         expect(variables).to_contain_text("first 8")
         assert "Traceback" not in (variables.text_content() or "")
@@ -96,12 +114,11 @@ def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None
         other = held.first
         other_rank = int(re.search(r"\[rank (\d)\]", other.text_content() or "").group(1))  # type: ignore[union-attr]
         other.click()
-        value = f"{other_rank + 1}."
-        expect(variables).to_contain_text(f"float32[3] cpu  tensor([{value}, {value}, {value}])")
+        expect(variables).to_contain_text(tensor_line(other_rank + 1))
         shot(page, "other-rank-selected")
 
         # Step In to scale(), defined by a cell run before the debugger was on: its source
-        page.locator('button[title^="Step In"]').click()
+        button(page, "Step In").click()
         expect(frames.first).to_contain_text(f"[rank {other_rank}] scale")
         expect(frames.first).to_contain_text(re.compile(r"Cell \[\d+\]:3"))
         highlighted = cell(page, 1).locator(".jp-DebuggerEditor-highlight")
@@ -109,24 +126,35 @@ def test_four_ranks_variables_step_in_and_terminate(lab: Lab, page: Any) -> None
         expect(highlighted).to_contain_text("u = t * 2")
         shot(page, "step-in-earlier-cell")
 
-        # Terminate: every rank goes on, and the debugger is off in the panel and the kernel
-        page.locator('button[title^="Terminate"]').click()
+        # Terminate: every rank goes on; the panel shows no breakpoint, and none is active
+        button(page, "Terminate").click()
         ran(page, 2, timeout=90)
         text = output_text(cell(page, 2))
         assert all(line in text for line in DONE), text
-        page.wait_for_timeout(1000)
-        assert not bug_pressed(page)
-        expect(gutter.locator(".cm-breakpoint-icon")).to_have_count(0)
+        expect(gutter.nth(4).locator(".cm-breakpoint-icon")).to_have_count(0)
+        expect(page.locator(".jp-DebuggerBreakpoints")).not_to_contain_text("Cell")
         shot(page, "terminated")
+        requests = [line.split()[1:] for line in dap_log.read_text().splitlines()]
+        after = requests[[r[0] for r in requests].index("disconnect") :]
+        assert [r[0] for r in after[:2]] == ["disconnect", "initialize"] and after[1][-1] == "False"
         run_cell(page, 2)  # no breakpoint the panel does not show: it runs through
         page.wait_for_timeout(500)
         ran(page, 2, timeout=60)
         assert all(line in output_text(cell(page, 2)) for line in DONE)
-        page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton").click()
-        expect(page.locator(".jp-DebuggerCallstack")).to_be_visible()
-        page.wait_for_timeout(1000)
-        assert bug_pressed(page)  # one click switches it on again
+
+        # one click on the bug switches the debugger on again: a new breakpoint stops the ranks
+        bug.click()
+        expect(bug).to_have_attribute("title", "Disable Debugger")
+        gutter.nth(5).click()  # line 5: dist.all_reduce(y)
+        expect(gutter.nth(5).locator(".cm-breakpoint-icon")).to_have_count(1)
+        run_cell(page, 2)
+        expect(frames.first).to_contain_text("Cell [*]:5")
         shot(page, "on-again")
+        # and off: the stopped ranks go on, the cell ends
+        bug.click()
+        expect(bug).to_have_attribute("title", "Enable Debugger")
+        ran(page, 2, timeout=90)
+        assert all(line in output_text(cell(page, 2)) for line in DONE)
         assert not [m for m in console if "Failed to fetch source" in m], console
     finally:
         shot(page, "last-view")

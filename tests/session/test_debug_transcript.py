@@ -5,7 +5,9 @@ a real 2-rank cluster; `Reply.transcript` puts each answered prompt where the no
 
 from __future__ import annotations
 
+import re
 import textwrap
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -79,3 +81,21 @@ def test_a_command_to_every_stopped_rank_answers_in_one_block(fe: Frontend) -> N
         "done",
     )
     assert "[rank 1] (Pdb)" not in reply.transcript
+
+
+def test_time_at_a_prompt_is_stopped_in_the_timeline_not_waiting(fe: Frontend) -> None:
+    def slowly(prompt: str) -> str:
+        time.sleep(1.5)  # the user reads; rank 0 waits at the all_reduce meanwhile
+        return "c"
+
+    code = "%%allranks\nx = torch.ones(2)\nif rank == 1:\n    breakpoint()\ndist.all_reduce(x)"
+    assert fe.run(code, [slowly]).status == "ok"
+    text = fe.run("%dist_timeline --cells 1").text
+    assert "Stopped in a debugger: rank 1, 1." in text, text
+    lines = text.splitlines()
+    table = lines[lines.index("Stragglers (arrived last; the others' wait for it):") + 2 :][:2]
+    rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in table)}
+    # rank 1 caused no wait of its own, rank 0 waited for no straggler: both well under 1 s
+    assert rows["1"][2].endswith(("ns", "µs", "ms")), text  # others' wait caused
+    assert rows["0"][3].endswith(("ns", "µs", "ms")), text  # own wait
+    assert rows["1"][4].startswith("1.") and rows["1"][4].endswith(" s"), text  # stopped

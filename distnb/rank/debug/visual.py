@@ -102,9 +102,9 @@ def trace_cells() -> None:
 def name_cell(shell: Any, store: Any) -> None:
     """Compile the cell about to run under the kernel's file name for it, if the kernel gave
     one (a Jupyter kernel's `%%allranks` cell)."""
-    if shell is None or not store.check([keys.CELL_FILE]):
+    if shell is None:
         return
-    name = str(store.get(keys.CELL_FILE).decode())
+    name = str(store.get(keys.CELL_FILE).decode())  # set with the control plane, never missing
     if not name:
         return
     compiler = shell.compile

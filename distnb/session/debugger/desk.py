@@ -230,7 +230,7 @@ class Desk:
 
         True when `asking`'s prompt was among them (answered), False when it stays open, None
         when no rank took the command."""
-        self._gather(run)
+        self._gather(run, asking.rank)
         stopped = {**self.pending, asking.rank: asking}
         targets, note = many.select(selection, stopped, sorted(run.states()))
         if note:
@@ -250,15 +250,16 @@ class Desk:
             print(many.group_answers(self._answers(run, targets)), end="", flush=True)
         return asking.rank in targets
 
-    def _gather(self, run: RunView) -> None:
+    def _gather(self, run: RunView, asking: int) -> None:
         """Give ranks on their way to a stop a moment to get there (every rank of a training
         step reaches its `breakpoint()` within moments of the first)."""
         deadline = time.monotonic() + GATHER_S
         while time.monotonic() < deadline:
             self._collect()
             states = run.states()
+            stopped = {*self.pending, asking}
             on_the_way = [
-                r for r, s in states.items() if s is RankState.RUNNING and r not in self.pending
+                r for r, s in states.items() if s is RankState.RUNNING and r not in stopped
             ]
             if not on_the_way:
                 return

@@ -8,6 +8,7 @@ with the breakpoints the frontend has set.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import threading
@@ -17,8 +18,9 @@ from typing import Any
 from distnb.records.cell import RankInfo
 from distnb.session.control import ControlPlane
 from distnb.session.debugger.dap import DapClient, DapError, Message
+from distnb.session.debugger.ids import encode
 
-__all__ = ["connect"]
+__all__ = ["connect", "set_breakpoints", "threads"]
 
 READY_S = 60.0  # a rank's first start of its adapter imports pydevd: seconds on a busy machine
 
@@ -75,3 +77,32 @@ def _socket(
     Relay(theirs, channel, "rank", (control.client(), control.client()))
     view.apply_sync(connect_adapter, channel)
     return ours
+
+
+def threads(clients: Mapping[int, DapClient]) -> list[Message]:
+    """Every rank's threads as the frontend lists them: `rank r` (the main thread) or
+    `rank r: name`, without distnb's and debugpy's own threads."""
+    found = []
+    for rank, client in sorted(clients.items()):
+        try:
+            listed = client.request("threads").get("threads", [])
+        except DapError:
+            continue
+        for thread in listed:
+            own = thread["name"]
+            if own.startswith(("distnb", "Thread-", "pydevd", "IPythonHistory")):
+                continue
+            name = f"rank {rank}" if own == "MainThread" else f"rank {rank}: {own}"
+            found.append({"id": encode(rank, thread["id"]), "name": name})
+    return found
+
+
+def set_breakpoints(
+    clients: Mapping[int, DapClient], path: str, breakpoints: Sequence[Message]
+) -> None:
+    """The frontend's breakpoints of `path`, on every connected rank."""
+    for client in clients.values():
+        with contextlib.suppress(DapError):  # a rank that went: dropped as its link ends
+            client.request(
+                "setBreakpoints", {"source": {"path": path}, "breakpoints": list(breakpoints)}
+            )

@@ -7,14 +7,16 @@ when any rank goes on. `Panel` decides what the frontend is told:
 
 - the first rank to stop is shown; other ranks that stop meanwhile are held (their `stopped`
   events are not forwarded: they are listed in `debugInfo` and as frames below the shown
-  rank's stack, `[rank 0] <module> (stopped: select to show)`);
+  rank's stack, `[rank 0] <module> (select to show)`);
 - the shown rank keeps the panel while it steps (`next`, `stepIn`, `stepOut`): its own
   `continued` and `stopped` events go through; if it has not stopped again within
   `STEP_GRACE_S` (a step over a collective that waits for a held rank), the next stopped rank is
   shown, as the text debugger gives the prompt to the next rank;
 - when the shown rank continues, goes away or dies, the lowest held rank is shown;
 - selecting a held rank's frame in the call stack shows that rank (`switch`): the frontend then
-  still names the previous thread in its requests, which go to the rank it shows (`route`).
+  still names the previous thread in its requests, which go to the rank it shows (`route`);
+- once the frontend switched the debugger off, it is told nothing (`quiet`) until the next
+  cell connects to the ranks again (`listen`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Panel:
         self._emit = emit
         self.shown: int | None = None  # the thread (a shifted id) the frontend shows
         self.left: int | None = None  # the thread it names still, after a switch
+        self._quiet = False
         self._lock = threading.RLock()
 
     def rank(self) -> int | None:
@@ -57,7 +60,7 @@ class Panel:
     def continued(self, rank: int, by: str) -> None:
         """`rank` goes on, by the frontend's `by` request ("" for another reason)."""
         with self._lock:
-            if self.rank() != rank:
+            if self.rank() != rank or self._quiet:
                 return  # a held rank: the frontend never saw it stop
             self._emit("continued", {"threadId": self.shown})
             if by in ("next", "stepIn", "stepOut"):
@@ -101,11 +104,20 @@ class Panel:
             all_ = [encode(r, b.get("threadId", 0)) for r, b in sorted(self._stopped().items())]
             return sorted(all_, key=lambda t: t != self.shown)
 
-    def reset(self) -> None:
+    def quiet(self) -> None:
+        """The frontend switched the debugger off: show nothing, tell it nothing."""
         with self._lock:
             self.shown = self.left = None
+            self._quiet = True
+
+    def listen(self) -> None:
+        """The ranks are connected again (a cell of an attached frontend)."""
+        with self._lock:
+            self._quiet = False
 
     def _show(self, rank: int, body: Message) -> None:
+        if self._quiet:
+            return
         self.shown = encode(rank, body["threadId"])
         self.left = None
         shown = {**body, "threadId": self.shown, "allThreadsStopped": False}

@@ -5,7 +5,8 @@ debugpy shows a tensor by its repr and, expanded, by walking its attributes, tra
 stopped rank instead (`distnb.rank.debug.tensors`, evaluated in the stopped frame):
 
 - the line: `float32[16, 3] cpu` and a preview (small tensors whole; big ones summarised: min,
-  max, mean, NaN and Inf counts), the type column `Tensor float32[16, 3] cpu`;
+  max, mean, NaN and Inf counts); JupyterLab's tree shows an expandable variable's type, not
+  its value, so the type says it too (`Tensor float32[16, 3] cpu  min ...`);
 - expanded: a clean list (shape, dtype, device, requires_grad, grad, the summary, the first
   values), asked for only when the user expands it. The list's reference is one of the relay's
   own (`LISTED` set in the rank's id): a `variables` request for it never reaches debugpy.
@@ -45,8 +46,7 @@ class Variables:
             line = _evaluate(client, frame, f"{_AT_RANK}.line({name})")
             if not isinstance(line, str):
                 continue
-            head = line.split("  ", 1)[0]
-            variable["type"] = f"{variable['type']} {head}"
+            variable["type"] = f"{variable['type']} {line}"
             variable["value"] = line
             ref = next(self._ids) | LISTED
             self._lists[(rank, ref)] = (frame, name)

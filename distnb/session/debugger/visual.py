@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import sys
 import threading
 import time
@@ -67,6 +69,10 @@ TERMINATED = (
     "distnb: Terminate let the stopped ranks go on and switched the debugger off, as the panel "
     "shows it; click the bug icon to switch it on again"
 )
+
+# A file to append the frontend's debug requests and the answers' success to, one line each
+# (`DISTNB_DAP_LOG=/tmp/dap.log jupyter lab`): how to see what a frontend sends.
+_LOG = os.environ.get("DISTNB_DAP_LOG", "")
 
 _active: VisualDebugger | None = None
 
@@ -140,6 +146,15 @@ class VisualDebugger:
     # --- the frontend's requests ---------------------------------------------------------
 
     async def process_request(self, message: Message) -> Message:
+        reply = await self._process(message)
+        if _LOG:
+            with open(_LOG, "a", encoding="utf-8") as log:
+                args = json.dumps(message.get("arguments") or {})[:120]
+                log.write(f"{time.time():.3f} {message.get('command')} {args} -> "
+                          f"{reply.get('success')}\n")  # fmt: skip
+        return reply
+
+    async def _process(self, message: Message) -> Message:
         command = message.get("command", "")
         args = message.get("arguments") or {}
         if self._restarting(command):
@@ -167,9 +182,9 @@ class VisualDebugger:
         elif command == "setBreakpoints":
             path = args.get("source", {}).get("path", "")
             self.breakpoints[path] = list(args.get("breakpoints", []))
-            await _off_loop(self._set_breakpoints, path)
+            await _off_loop(links.set_breakpoints, dict(self.clients), path, self.breakpoints[path])
         elif command == "threads" and self.clients:
-            threads = await _off_loop(self._threads)
+            threads = await _off_loop(links.threads, dict(self.clients))
             reply.setdefault("body", {}).setdefault("threads", []).extend(threads)
         elif command == "debugInfo":
             reply.setdefault("body", {}).setdefault("stoppedThreads", []).extend(
@@ -256,7 +271,7 @@ class VisualDebugger:
             except DapError:
                 continue
             for frame in found.get("stackFrames", [])[:1]:
-                frame["name"] = f"[rank {rank}] {frame['name']} (stopped: select to show)"
+                frame["name"] = f"[rank {rank}] {frame['name']} (select to show)"
                 frame["id"] = encode(rank, frame["id"])
                 frames.append(frame)
         return frames
@@ -268,29 +283,6 @@ class VisualDebugger:
                 self.frames[(rank, ref)] = frame
             holder["variablesReference"] = encode(rank, ref)
 
-    def _threads(self) -> list[Message]:
-        threads = []
-        for rank, client in sorted(self.clients.items()):
-            try:
-                found = client.request("threads").get("threads", [])
-            except DapError:
-                continue
-            for thread in found:
-                own = thread["name"]
-                if own.startswith(("distnb", "Thread-", "pydevd", "IPythonHistory")):
-                    continue
-                name = f"rank {rank}" if own == "MainThread" else f"rank {rank}: {own}"
-                threads.append({"id": encode(rank, thread["id"]), "name": name})
-        return threads
-
-    def _set_breakpoints(self, path: str) -> None:
-        for client in list(self.clients.values()):
-            with contextlib.suppress(DapError):  # a rank that went: dropped as its link ends
-                client.request(
-                    "setBreakpoints",
-                    {"source": {"path": path}, "breakpoints": self.breakpoints[path]},
-                )
-
     # --- the ranks -----------------------------------------------------------------------
 
     def begin_run(
@@ -299,6 +291,7 @@ class VisualDebugger:
         """A cell is about to run on `targets`: connect to the ranks not yet connected and
         tell them the cell's file name."""
         self.control, self.run_id = control, run_id
+        self.panel.listen()
         for info in targets:
             client = self.clients.get(info.rank)
             if client is not None and not client.closed:
@@ -370,7 +363,11 @@ class VisualDebugger:
             return self._stopped_s + now
 
     def close(self) -> None:
-        """Let stopped ranks go on and end every connection to the ranks."""
+        """Let stopped ranks go on and end every connection to the ranks. The frontend is told
+        nothing meanwhile: it has switched the debugger off (a rank shown as it is let go would
+        leave the panel showing a rank that runs, and answer requests the frontend did not
+        mean)."""
+        self.panel.quiet()
         for rank in sorted(self.stopped):
             client = self.clients.get(rank)
             thread = self.stopped[rank].get("threadId", 0)
@@ -384,7 +381,6 @@ class VisualDebugger:
                     client.request("disconnect", {"terminateDebuggee": False}, timeout=5)
             client.close()
         self.clients.clear()
-        self.panel.reset()
 
 
 def _refused(message: Message, why: str) -> Message:
