@@ -1,6 +1,10 @@
-"""What the debugger on the ranks costs when no breakpoint is hit.
+"""What the debugger on the ranks costs when no breakpoint is hit, and how long one command
+takes to answer on many stopped ranks.
 
     python bench/bench_debug.py [--rounds 30] [--runs 10]
+    python bench/bench_debug.py --many 16 [--rounds 15]
+
+Without `--many`: the cost when no breakpoint is hit.
 
 The kernel's side of the debugger is its desk: while a cell runs, every wake of the wait loop
 reads the control plane's prompt counter (one store round trip) to find ranks that ask for
@@ -27,23 +31,37 @@ rotates: `never attached`; `attached once` (the kernel's connection to every ran
 made as the visual debugger makes it, `links.connect`, then disconnected and closed, before the
 rounds); `never attached again`, a third session, the control. Workloads: 20 steps of a small
 DDP MLP (forward, backward with its bucket all_reduce, SGD), and 200 checked all_reduces.
+
+With `--many N`: every rank of an N-rank cluster stops at a `breakpoint()` (a training step's
+breakpoint), and two ways to ask each rank the same thing take turns in each round (the order
+alternates): `ranks all p x`, one command to every stopped rank with the answers grouped
+(`distnb.session.debugger.many`); and the peer, `p x` at each rank's prompt one at a time,
+switching with `rank N` (the only way before, and how a panel of one thread at a time works).
+Time measured: from the moment an answer leaves the user's `input()` to the moment the next
+prompt is asked, i.e. what the user waits for, summed over the one-at-a-time prompts; never the
+typing. A script stands in for the kernel's `input()` (the desk asks through
+`builtins.input`).
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
+import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from median_ci import ratio_of_medians
+from median_ci import median_ci, ratio_of_medians
 from results import saved
 
 import distnb
 from distnb.session.debugger.desk import Desk
+from distnb.session.runs import run as runs
 
 WORKLOADS = {
     "empty cell": "",
@@ -80,11 +98,77 @@ def timed(session: distnb.Session, code: str, runs: int) -> float:
     return statistics.median(times)
 
 
+MANY_CELL = "x = torch.full((4,), float(rank))\nbreakpoint()\ny = 1"
+
+
+class Script:
+    """`input()` for the desk: answers from a list, stamping when each prompt was asked and when
+    each answer was given."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.answers: Iterator[str] = iter(answers)
+        self.asked: list[float] = []
+        self.answered: list[float] = []
+
+    def __call__(self, prompt: str = "") -> str:
+        self.asked.append(time.perf_counter())
+        line = next(self.answers)
+        self.answered.append(time.perf_counter())
+        return line
+
+    def waited(self, k: int) -> float:
+        """What the user waited after answer k for the next prompt."""
+        return self.asked[k + 1] - self.answered[k]
+
+
+def one_round(session: distnb.Session, n: int, many_first: bool) -> tuple[float, float]:
+    """(all at once, one at a time) in seconds, for one cell where every rank stopped."""
+    one_by_one = [a for r in range(n) for a in ([f"rank {r}"] if r else []) + ["p x"]]
+    many = ["ranks all p x"]
+    # first, unmeasured: every rank has reached its breakpoint (the command waits for that)
+    answers = ["ranks all p 0"]
+    answers += (many + one_by_one if many_first else one_by_one + many) + ["ranks all c"]
+    script = Script(answers)
+    builtins.input = script  # type: ignore[assignment]
+    session.run(MANY_CELL)
+    indices = [i for i, a in enumerate(answers) if a == "p x"]
+    single = sum(script.waited(i) for i in indices)
+    together = script.waited(answers.index("ranks all p x"))
+    return together, single
+
+
+def many(ranks: int, rounds: int) -> None:
+    runs.frontend_stdin = lambda: True  # the script answers: as a frontend with stdin
+    typed = builtins.input
+    together, single = [], []
+    try:
+        with distnb.start(ranks, progress=False) as session:
+            one_round(session, ranks, True)  # warm: pdb, imports
+            for r in range(rounds):
+                a, b = one_round(session, ranks, many_first=r % 2 == 0)
+                together.append(a)
+                single.append(b)
+    finally:
+        builtins.input = typed
+    ratio, low, high = ratio_of_medians(together, single)
+    print(f"# python {platform.python_version()}, {ranks} ranks, {rounds} rounds")
+    for name, values in (("ranks all p x", together), ("p x at each prompt", single)):
+        lo, hi = median_ci(values)
+        ms = statistics.median(values) * 1e3
+        print(f"{name:<20} {ms:8.1f} ms [{lo * 1e3:.1f}-{hi * 1e3:.1f}]")
+    print(f"all at once / one at a time: {ratio:.3f}x [{low:.3f}-{high:.3f}]")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--many", type=int, default=0, help="ranks stopped at once (e.g. 16)")
     args = parser.parse_args()
+    if args.many:
+        with saved("debug-many"):
+            many(args.many, args.rounds)
+        return
     with saved("debug"):
         desk(args.rounds, args.runs)
         visual(args.rounds, args.runs)
