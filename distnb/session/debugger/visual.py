@@ -24,9 +24,10 @@ code never runs. `VisualDebugger` stands in front of ipykernel's debugger (`inst
 - The panel and the kernel agree. Switching the debugger off (`disconnect`) lets stopped ranks
   go on and forgets every breakpoint, in ipykernel and on the ranks. JupyterLab's *Terminate*
   (the square) is `disconnect` followed at once by `initialize`, `attach` and the breakpoints
-  again, but its panel shows the debugger switched off and no breakpoints from then on: the
-  relay refuses that `initialize`, so the kernel is off too (no breakpoint the panel does not
-  show stops the next cell); the bug icon switches it on again.
+  again, but its panel drops the breakpoints from the gutter and the list from then on (seen in
+  JupyterLab 4.6: with the restart accepted, the next cell stopped at a breakpoint nobody could
+  see): the relay refuses that `initialize`, so the kernel is off too and the frontend's
+  session ends; one click on the bug icon switches it on again.
 - A rank whose adapter goes away (it died, the cluster stopped) is dropped, and if the panel
   showed it, the next stopped rank is shown.
 """
