@@ -132,7 +132,7 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
             (
                 "wrote timeline.json",
                 "Stragglers",
-                "own wait\n  1 ",  # the first row: rank 1 held the others up most
+                "stopped in a debugger\n  1 ",  # the first row: rank 1 held the others up most
                 "Longest waits",
                 "rank 1",
                 "dist.all_reduce(x)",
