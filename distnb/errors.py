@@ -14,9 +14,16 @@
     │   └── NonFiniteError           a watched tensor went NaN/Inf under `stop_on_nonfinite`
     └── ReplicasDivergedError        a replica watch with `--raise` saw replicas differ
 
+    CellInterrupted (KeyboardInterrupt)   Ctrl-C stopped a cell; the message says where each
+                                          rank was (not a DistnbError: `except Exception`
+                                          must not swallow an interrupt)
+
     DistnbWarning (UserWarning)
 
-`RankError` renders in IPython as each failing rank's traceback, with identical errors collapsed
+IPython renders what distnb raises in the kernel as its message, not as a traceback of distnb's
+own frames (`_render_traceback_`, which IPython and ipykernel call instead of formatting one):
+the message already says what happened, where and what to do. `RankError` renders as its
+message and each failing rank's own traceback, with identical errors collapsed
 ("ranks 0-3: ValueError ...") and at most `TRACEBACK_LIMIT` full tracebacks; every failure stays
 on `err.failures`. The same classes are raised on ranks by the checked runtime and re-raised in the
 kernel, so `except distnb.errors.CollectiveMismatchError` works on both sides.
@@ -24,6 +31,7 @@ kernel, so `except distnb.errors.CollectiveMismatchError` works on both sides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +43,7 @@ if TYPE_CHECKING:
     from distnb.records.overflow import RankOverflowReport
 
 __all__ = [
+    "CellInterrupted",
     "CollectiveDesyncError",
     "CollectiveError",
     "CollectiveMismatchError",
@@ -52,31 +61,49 @@ __all__ = [
 ]
 
 TRACEBACK_LIMIT = 4
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in ranks' tracebacks
 
 
 class DistnbError(Exception):
     """Base of every error distnb raises."""
 
 
+class _OneMessage:
+    """Renders in IPython as `Name: message`, without the kernel's frames (distnb's own)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 class DistnbWarning(UserWarning):
     """Warnings from distnb (for example fp16 headroom running low)."""
 
 
-class ConfigError(DistnbError, ValueError):
+class ConfigError(_OneMessage, DistnbError, ValueError):
     """A bad argument to a distnb function; the message names the value and the fix."""
 
 
-class SessionError(DistnbError):
+class SessionError(_OneMessage, DistnbError):
     """The session cannot do what was asked in its current state."""
 
 
-class DebuggerQuit(DistnbError):
+class DebuggerQuit(_OneMessage, DistnbError):
     """The user quit a rank's debugger (`q`, or an interrupt while its prompt was open): the
-    rank's cell ends here, and peers waiting for it at a collective are released."""
+    rank's cell ends here, and peers waiting for it at a collective are released. The message
+    says where the rank was; the only frame left is the debugger's own."""
+
+
+class CellInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or the kernel's interrupt) stopped a cell: the ranks still running were
+    interrupted, and the message says where each was (`cell In[3] interrupted: rank 0 waiting
+    at all_reduce #0 ... for rank 1; rank 1 at cell In[3] line 5: time.sleep(30)`).
+
+    A KeyboardInterrupt, so code that handles one handles this; rendered as that one line, since
+    the kernel's frames it passed through are distnb's machinery.
+    """
 
     def _render_traceback_(self) -> list[str]:
-        # The message says where the rank was; the only frame left is the debugger's own.
-        return [f"{type(self).__name__}: {self}"]
+        return [f"KeyboardInterrupt: {self}"]
 
 
 class RankError(DistnbError):
@@ -98,14 +125,15 @@ class RankError(DistnbError):
         groups = sorted(
             group_failures(self.failures), key=lambda g: g[1].ename.startswith("Collective")
         )
+        full = False  # the last entry was a whole traceback: a blank line after it
         for i, (ranks, failure) in enumerate(groups):
             label = format_ranks(ranks)
-            if i < TRACEBACK_LIMIT and failure.traceback:
+            was_full, full = full, i < TRACEBACK_LIMIT and _adds_to_summary(failure)
+            if full or was_full:
                 lines.append("")
-                lines.append(f"[{label}] {failure.summary}")
+            lines.append(f"[{label}] {failure.summary}")
+            if full:
                 lines.extend(failure.traceback.rstrip("\n").splitlines())
-            else:
-                lines.append(f"[{label}] {failure.summary}")
         if len(groups) > TRACEBACK_LIMIT:
             lines.append(f"... {len(groups) - TRACEBACK_LIMIT} more: see err.failures")
         return lines
@@ -203,3 +231,10 @@ def group_failures(
         key = (failure.ename, failure.evalue, failure.traceback)
         groups.setdefault(key, ([], failure))[0].append(failure.rank)
     return list(groups.values())
+
+
+def _adds_to_summary(failure: RankFailure) -> bool:
+    """Whether a rank's traceback says more than its summary line: one rendered as its message
+    alone (`DebuggerQuit`, distnb's own errors) would print the same line twice."""
+    shown = [line.strip() for line in _ANSI.sub("", failure.traceback).strip().splitlines()]
+    return bool(shown) and shown != [failure.summary]

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from distnb.errors import RankError, group_failures
+from distnb.errors import CellInterrupted, ConfigError, RankError, SessionError, group_failures
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure
 
@@ -22,3 +22,38 @@ def test_identical_failures_collapse_and_tracebacks_are_capped() -> None:
     assert "[rank 9] KeyError: k9" in text
     assert "... 3 more: see err.failures" in text
     assert len(err.failures) == 10
+
+
+def test_a_rank_error_whose_traceback_is_its_message_is_shown_once() -> None:
+    quit_ = RankFailure(1, "DebuggerQuit", "rank 1 quit the debugger at cell In[8] line 5", "")
+    quit_ = RankFailure(1, quit_.ename, quit_.evalue, f"\x1b[31m{quit_.summary}\x1b[39m\n")
+    tb = (
+        "Traceback (most recent call last)\nCell In[8], line 5\nZeroDivisionError: division by zero"
+    )
+    zero = RankFailure(0, "ZeroDivisionError", "division by zero", tb)
+    lines = RankError("cell In[8] failed", [quit_, zero])._render_traceback_()
+    assert sum("quit the debugger" in line for line in lines) == 1
+    assert lines[-2:] == [
+        "",
+        "[rank 1] DebuggerQuit: rank 1 quit the debugger at cell In[8] line 5",
+    ]
+    assert "Cell In[8], line 5" in lines
+
+
+def test_kernel_side_errors_render_as_their_message_without_frames() -> None:
+    def raised(exc: BaseException) -> list[str]:
+        try:
+            raise exc
+        except BaseException as caught:
+            assert caught.__traceback__ is not None  # frames there were, none rendered
+            return caught._render_traceback_()  # type: ignore[attr-defined,no-any-return]
+
+    where = "cell In[6] interrupted: rank 1 at cell In[6] line 6: time.sleep(30)"
+    assert raised(CellInterrupted(where)) == [f"KeyboardInterrupt: {where}"]
+    assert isinstance(CellInterrupted(where), KeyboardInterrupt)
+    assert not isinstance(CellInterrupted(where), Exception)  # `except Exception` lets it pass
+    message = "no cluster is running: start one with %dist_start (or distnb.start())"
+    assert raised(SessionError(message)) == [f"SessionError: {message}"]
+    assert raised(ConfigError("ranks [5] are not in this session")) == [
+        "ConfigError: ranks [5] are not in this session"
+    ]
