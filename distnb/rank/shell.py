@@ -3,13 +3,17 @@
 `bind` (from `distnb.rank.runtime.init`) puts the rank's names in the engine's namespace and
 registers the hooks around each cell: `pre_run_cell` picks up the kernel's cell number from the
 control plane so that rank tracebacks and call sites say the same `In[N]` as the notebook, and
-begins the run for the checked runtime and the debugger; `post_run_cell` ends it. `unbind`
-(from `shutdown`) takes the hooks off. Outside ipyparallel (tests, scripts) there is no shell:
-`namespace()` is empty and no file is a cell.
+begins the run for the checked runtime and the debugger; `post_run_cell` ends it. Warnings
+raised by a cell's own lines name them the same way (`cell In[7] line 4: UserWarning: ...`),
+not by the file ipykernel compiled the cell as (`/tmp/ipykernel_<pid>/<hash>.py:4`, which
+exists nowhere the user can open). `unbind` (from `shutdown`) takes the hooks off. Outside
+ipyparallel (tests, scripts) there is no shell: `namespace()` is empty and no file is a cell.
 """
 
 from __future__ import annotations
 
+import linecache
+import warnings
 from contextlib import AbstractContextManager, suppress
 from typing import Any
 
@@ -32,6 +36,9 @@ _shell: Any = None
 # The rank's default group (and through it the control plane's store) while the shell is bound.
 _world: World | None = None
 
+# `warnings.formatwarning` as it was before `bind` put `_format_warning` in its place.
+_formatwarning = warnings.formatwarning
+
 
 def namespace() -> dict[str, Any]:
     """The engine's namespace (the user's names); empty outside ipyparallel."""
@@ -40,7 +47,7 @@ def namespace() -> dict[str, Any]:
 
 def bind(spec: RankSpec, device: torch.device, world: World) -> None:
     """Put the rank's names in the engine's namespace and hook its cells."""
-    global _shell, _world
+    global _shell, _world, _formatwarning
     from IPython import get_ipython
 
     _shell = get_ipython()
@@ -59,6 +66,8 @@ def bind(spec: RankSpec, device: torch.device, world: World) -> None:
     _world = world
     _shell.events.register("pre_run_cell", _pre_run_cell)
     _shell.events.register("post_run_cell", _post_run_cell)
+    if warnings.formatwarning is not _format_warning:
+        _formatwarning, warnings.formatwarning = warnings.formatwarning, _format_warning
     _keep_requests_after_errors(getattr(_shell, "kernel", None))
     debug.install(world.store, spec.rank, cell_of_file, _shell)
 
@@ -92,6 +101,8 @@ def unbind() -> None:
         for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
             with suppress(ValueError):
                 _shell.events.unregister(event, hook)
+    if warnings.formatwarning is _format_warning:
+        warnings.formatwarning = _formatwarning
     _world = None
 
 
@@ -139,3 +150,19 @@ def cell_of_file(filename: str) -> int | None:
         return None
     number = _shell.compile._filename_map.get(filename)
     return int(number) if number is not None else None
+
+
+def _format_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
+    """`warnings.formatwarning` naming a cell's line as the notebook does."""
+    cell = cell_of_file(filename)
+    if cell is None:
+        return _formatwarning(message, category, filename, lineno, line)
+    source = (line if line is not None else linecache.getline(filename, lineno)).strip()
+    text = f"cell In[{cell}] line {lineno}: {category.__name__}: {message}\n"
+    return text + (f"  {source}\n" if source else "")
