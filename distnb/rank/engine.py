@@ -24,7 +24,7 @@ import faulthandler
 import os
 import resource
 import signal
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed
@@ -39,9 +39,16 @@ class EngineStream(OutStream):
 
     `written` counts the characters written so far: a rank that asks the user for input says
     how many it had written, so the kernel shows them all before the prompt.
+
+    The two streams go out in the order written: ipykernel buffers each for up to 0.2 s and
+    sends them apart, so `a` to stdout, `b` to stderr, `c` to stdout arrived as `ac`, then `b`.
+    A write to one stream first sends what the other holds (a flush waits on ipykernel's I/O
+    thread, which sends messages one after another), which costs only when a cell switches
+    streams.
     """
 
     written = 0
+    _pair: ClassVar[dict[str, EngineStream]] = {}  # the process's two streams, by name
 
     def __init__(self, session: Any, pub_thread: Any, name: str, **kwargs: Any) -> None:
         fd = 1 if name == "stdout" else 2
@@ -54,8 +61,12 @@ class EngineStream(OutStream):
         super().__init__(  # type: ignore[no-untyped-call]
             session, pub_thread, name, echo=echo, watchfd=watch, **kwargs
         )
+        EngineStream._pair[name] = self
 
     def write(self, string: str) -> int:
+        other = self._pair.get("stderr" if self.name == "stdout" else "stdout")
+        if other is not None and other._flush_pending:
+            other.flush()  # type: ignore[no-untyped-call]
         n = super().write(string)
         self.written += len(string)
         return n or 0

@@ -124,6 +124,18 @@ class Merger:
     def pending(self) -> bool:
         return any(self._queues.values())
 
+    def pop(self, rank: int) -> list[Line]:
+        """Every line of `rank` not taken yet, taken now (shown apart by the caller)."""
+        lines = list(self._queues[rank])
+        self._queues[rank].clear()
+        self._taken[rank] += len(lines)
+        return lines
+
+    def drop(self) -> None:
+        """Count every line added so far as shown (it was, elsewhere)."""
+        for rank in self._queues:
+            self.pop(rank)
+
     def take(self, ready: Ready | None = None) -> list[Group]:
         """The groups that can be shown, in order: all of them without `ready`; with it, up to
         the first line it holds back (told the ranks that have no line waiting)."""

@@ -1,159 +1,192 @@
-"""Showing a cell's output, rank by rank.
+"""Showing a cell's output, rank by rank, as it comes.
 
-In a Jupyter kernel each rank gets its own output area, created in rank order when the cell
-starts and updated live as the rank prints; when the cell ends, ranks whose output is identical
-are collapsed into one area labelled with all their ranks. Without a kernel (terminal IPython,
-scripts) there are no updatable areas, so the output is printed once, at the end, in rank order.
-Rich outputs (`display(...)`, a cell's last expression) follow the text, labelled by rank.
+- In a Jupyter kernel each rank gets its own output area, created in rank order when the cell
+  starts and updated in place as the rank prints; when the cell ends, the areas give way to one
+  view of every rank's lines merged, identical lines collapsed (`distnb.views.lines`).
+- In a terminal (terminal IPython, a script run by hand) nothing can be updated in place: each
+  line is printed once it is complete, labelled with its rank. A line waits up to `HOLD_S` for
+  the other ranks that may still print the same line, so that `[ranks 0-1] hello` is printed
+  once; a line with no newline yet is printed at the end of the cell (or before a prompt).
+- Elsewhere (output captured or piped: tests, logs) nobody watches: the lines are printed
+  once, merged, when the cell ends, in an order that does not depend on timing.
 
-A rank's debugger prompt changes that (`hold`): a prompt and its answer show below the areas, so
-redrawing the areas would put the rank's answers above the commands that asked for them. From
-the first prompt on, the areas keep what they show and the rest of the output is printed below
-as it comes, labelled, in the order things happened (as without a kernel).
+A rank's debugger prompt changes that in a kernel (`hold`): a prompt and its answer show below
+the areas, so redrawing the areas would put the rank's answers above the commands that asked
+for them. From the first prompt on, the areas keep what they show and the rest of the output is
+printed below as it comes, as in a terminal, in the order things happened.
+
+Each line goes to the stream the rank wrote it to, in the order the rank wrote it. Rich outputs
+(`display(...)`, a cell's last expression) follow the text, labelled by rank.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
-from distnb.ranklist import format_ranks
 from distnb.views.display import in_kernel
+from distnb.views.lines import Group, Line, Merger, Splitter, Write
+
+__all__ = ["HOLD_S", "CellOutput", "RankOutput"]
+
+# How long a complete line waits, in a terminal, for other ranks that may print the same line.
+# Engines send their output every 0.2 s (ipykernel's flush interval), each on its own clock, so
+# the same line of two ranks usually arrives less than that apart.
+HOLD_S = 0.3
 
 
 @dataclass
 class RankOutput:
-    """What one rank's part of a cell printed and displayed."""
+    """What one rank's part of a cell printed and displayed.
+
+    `writes` are its stream messages in the order the kernel received them (stdout and stderr
+    interleaved as written); `stdout` and `stderr` are each stream's whole text.
+    """
 
     rank: int
     stdout: str = ""
     stderr: str = ""
     displays: list[dict[str, Any]] = field(default_factory=list)
+    writes: Sequence[Write] = ()
 
-
-def label_lines(label: str, text: str) -> str:
-    """Prefix every line of `text` with `[label] `."""
-    if not text:
-        return ""
-    body = text[:-1] if text.endswith("\n") else text
-    return "".join(f"[{label}] {line}\n" for line in body.split("\n"))
-
-
-def collapse(outputs: Sequence[RankOutput], attr: str) -> list[tuple[str, str]]:
-    """(label, text) per distinct non-empty text, in order of the first rank that printed it."""
-    groups: dict[str, list[int]] = {}
-    for out in outputs:
-        text = getattr(out, attr)
-        if text:
-            groups.setdefault(text, []).append(out.rank)
-    return [(format_ranks(ranks), text) for text, ranks in groups.items()]
-
-
-def render_text(outputs: Sequence[RankOutput], attr: str) -> str:
-    return "".join(label_lines(label, text) for label, text in collapse(outputs, attr))
+    def __post_init__(self) -> None:
+        if not self.writes and (self.stdout or self.stderr):  # made from the texts alone
+            self.writes = (Write("stdout", self.stdout), Write("stderr", self.stderr))
 
 
 class CellOutput:
-    """Live per-rank output areas for one cell (a kernel), or printing at the end (no kernel)."""
+    """One cell's output: live areas (a kernel), lines as they come (a terminal), or everything
+    at the end (nobody watching); see the module's docstring."""
 
     def __init__(self, ranks: Sequence[int]) -> None:
         self.ranks = list(ranks)
-        self.live = in_kernel()
-        self._handles: dict[int, Any] = {}
-        self._shown: dict[int, str] = {}
-        self._printed: dict[int, tuple[int, int]] = {}  # printed below (no kernel, or held)
-        self._seen: dict[int, tuple[int, int]] = {}  # what the areas show
-        self.held = False  # a prompt opened: the areas stay as they are, the rest is printed
-        if self.live:
+        self.kernel = in_kernel()
+        self.live = self.kernel or _watched()
+        self._fed = dict.fromkeys(self.ranks, 0)  # writes taken in, per rank
+        self._splitters = {rank: Splitter() for rank in self.ranks}
+        self._merger = Merger(self.ranks)
+        self._areas: dict[int, Any] = {}
+        self._text = dict.fromkeys(self.ranks, "")  # a kernel's area: the rank's lines so far
+        self.held = False  # a prompt opened in a kernel: the areas stay, the rest is printed
+        if self.kernel:
             from IPython.display import display
 
             for rank in self.ranks:
-                self._handles[rank] = display(_Text(""), display_id=True)  # type: ignore[no-untyped-call]
+                self._areas[rank] = display(_Text(""), display_id=True)  # type: ignore[no-untyped-call]
 
-    def update(self, outputs: Sequence[RankOutput]) -> None:
-        """Show what each rank printed so far (kernel only)."""
+    def update(self, outputs: Sequence[RankOutput], printing: Collection[int] = ()) -> None:
+        """Show what arrived since the last call (live only). `printing`: the ranks whose output
+        may still come (a rank's output can trail its result)."""
         if not self.live:
             return
-        if self.held:
-            self._print_new(outputs)
+        changed = self._feed(outputs)
+        if self.kernel and not self.held:
+            self._show_areas(changed)
             return
-        for out in outputs:
-            self._seen[out.rank] = (len(out.stdout), len(out.stderr))
-            text = label_lines(f"rank {out.rank}", out.stdout) + label_lines(
-                f"rank {out.rank}", out.stderr
-            )
-            if text != self._shown.get(out.rank, ""):
-                self._shown[out.rank] = text
-                self._handles[out.rank].update(_Text(text))
+        now = time.monotonic()
+
+        def ready(line: Line, quiet: Sequence[int]) -> bool:
+            return now - line.at >= HOLD_S or not any(r in printing for r in quiet)
+
+        _print(self._merger.take(ready))
 
     def progress(self, outputs: Sequence[RankOutput]) -> None:
-        """Show what each rank printed so far, now (before a prompt): updated areas in a kernel;
-        elsewhere, what was not printed yet, labelled (`finish` prints only the rest)."""
-        if self.live and not self.held:
-            self.update(outputs)
+        """Show everything each rank printed so far, now (before a prompt): updated areas in a
+        kernel; elsewhere every line not printed yet, unfinished ones too."""
+        changed = self._feed(outputs)
+        if self.kernel and not self.held:
+            self._show_areas(changed)
             return
-        self._print_new(outputs)
+        self._take_tails()
+        _print(self._merger.take())
 
     def hold(self) -> None:
-        """Leave the areas as they are: from now on, output is printed below as it comes."""
-        if self.live and not self.held:
+        """Leave a kernel's areas as they are: from now on, output is printed below as it
+        comes (see the module's docstring)."""
+        if self.kernel and not self.held:
             self.held = True
-            self._printed = dict(self._seen)
+            self._merger.drop()  # what the areas show is not printed again
 
-    def take(
-        self, outputs: Sequence[RankOutput], upto: dict[int, tuple[int, int]]
-    ) -> dict[int, str]:
-        """Each listed rank's output not shown yet, up to its (stdout, stderr) counts, as text
-        (stdout, then stderr); it counts as shown (the caller shows it its own way)."""
+    def take(self, outputs: Sequence[RankOutput], ranks: Collection[int]) -> dict[int, str]:
+        """Each listed rank's output not shown yet, as text; it counts as shown (the caller shows
+        it its own way: the answers of several ranks to one debugger command, grouped)."""
+        self._feed(outputs)
         taken = {}
-        for out in outputs:
-            if out.rank not in upto:
-                continue
-            done_out, done_err = self._printed.get(out.rank, (0, 0))
-            want_out, want_err = upto[out.rank]
-            end_out = min(max(want_out, done_out), len(out.stdout))
-            end_err = min(max(want_err, done_err), len(out.stderr))
-            taken[out.rank] = out.stdout[done_out:end_out] + out.stderr[done_err:end_err]
-            self._printed[out.rank] = (end_out, end_err)
+        for rank in ranks:
+            if rank in self._splitters:
+                self._merger.add(rank, self._splitters[rank].tails())
+                taken[rank] = "".join(f"{line.text}\n" for line in self._merger.pop(rank))
         return taken
 
-    def _print_new(self, outputs: Sequence[RankOutput]) -> None:
-        for out in outputs:
-            done_out, done_err = self._printed.get(out.rank, (0, 0))
-            label = f"rank {out.rank}"
-            sys.stdout.write(label_lines(label, out.stdout[done_out:]))
-            sys.stderr.write(label_lines(label, out.stderr[done_err:]))
-            self._printed[out.rank] = (len(out.stdout), len(out.stderr))
-        sys.stdout.flush()
-        sys.stderr.flush()
-
     def finish(self, outputs: Sequence[RankOutput]) -> None:
-        """Final output: identical text collapsed, then rich outputs in rank order."""
-        if self.live and not self.held:
-            self._finish_live(outputs)
+        """The final output: every rank's lines merged, then rich outputs in rank order."""
+        self._feed(outputs)
+        self._take_tails()
+        groups = self._merger.take()
+        if self.kernel and not self.held:
+            self._finish_areas(groups)
         else:
-            outputs = [self._unprinted(out) for out in outputs]
-            sys.stdout.write(render_text(outputs, "stdout"))
-            sys.stdout.flush()
-            sys.stderr.write(render_text(outputs, "stderr"))
-            sys.stderr.flush()
+            _print(groups)
         _publish_displays(outputs)
 
-    def _unprinted(self, out: RankOutput) -> RankOutput:
-        done_out, done_err = self._printed.get(out.rank, (0, 0))
-        return RankOutput(out.rank, out.stdout[done_out:], out.stderr[done_err:], out.displays)
+    def _feed(self, outputs: Sequence[RankOutput]) -> list[int]:
+        """Take in the writes not seen yet; return the ranks that had some."""
+        changed = []
+        for out in outputs:
+            done = self._fed.get(out.rank)
+            if done is None or len(out.writes) == done:
+                continue
+            new = out.writes[done:]
+            self._fed[out.rank] = done + len(new)
+            lines = self._splitters[out.rank].feed(new)
+            self._merger.add(out.rank, lines)
+            self._text[out.rank] += "".join(f"[rank {out.rank}] {line.text}\n" for line in lines)
+            changed.append(out.rank)
+        return changed
 
-    def _finish_live(self, outputs: Sequence[RankOutput]) -> None:
-        text = render_text(outputs, "stdout") + render_text(outputs, "stderr")
+    def _take_tails(self) -> None:
+        for rank, splitter in self._splitters.items():
+            self._merger.add(rank, splitter.tails())
+
+    def _show_areas(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            tails = self._splitters[rank].peek()
+            text = self._text[rank] + "".join(f"[rank {rank}] {line.text}\n" for line in tails)
+            self._areas[rank].update(_Text(text))
+
+    def _finish_areas(self, groups: Sequence[Group]) -> None:
+        """The merged view in the first rank's area; the other areas emptied."""
         if not self.ranks:
             return
         first, *rest = self.ranks
-        self._handles[first].update(_Text(text))
+        self._areas[first].update(_Text("".join(g.render() for g in groups)))
         for rank in rest:
-            if self._shown.get(rank):
-                self._handles[rank].update(_Text(""))
+            if self._text[rank] or self._fed[rank]:
+                self._areas[rank].update(_Text(""))
+
+
+def _watched() -> bool:
+    """Whether a person watches this process's output as it comes: stdout is a terminal."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # no stdout, or a closed one
+        return False
+
+
+def _print(groups: Sequence[Group]) -> None:
+    """Each group's line on the stream its ranks wrote it to, flushed in order."""
+    last: TextIO | None = None
+    for group in groups:
+        stream = sys.stderr if group.stream == "stderr" else sys.stdout
+        if last is not None and stream is not last:
+            last.flush()
+        stream.write(group.render())
+        last = stream
+    if last is not None:
+        last.flush()
 
 
 def _publish_displays(outputs: Sequence[RankOutput]) -> None:

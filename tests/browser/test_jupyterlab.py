@@ -56,9 +56,8 @@ def test_quickstart_renders_rank_output_errors_and_widgets(lab: Lab, page: Any) 
         assert_in_order(
             output_text(ranks),
             "[rank 0] before: [0.0, 1.0, 2.0]",
-            "[rank 0] after:  [1.0, 3.0, 5.0]",
             "[rank 1] before: [1.0, 2.0, 3.0]",
-            "[rank 1] after:  [1.0, 3.0, 5.0]",
+            "[ranks 0-1] after:  [1.0, 3.0, 5.0]",  # the same line on both ranks, once
         )
         ranks.screenshot(path=ARTIFACTS / "quickstart-all-reduce.png")
         error = cell(page, index["rank-error"])

@@ -304,7 +304,7 @@ def test_unchecked_runs_record_no_collectives(
     assert session.timeline(cells=1).events  # checked: every collective recorded
     shell.run_line_magic("dist_run", f"--unchecked {scripts / 'train.py'} --steps 1")
     assert not session.timeline(cells=1).events
-    assert "[rank 1] step 0: loss 0.53777" in capsys.readouterr().out
+    assert "[ranks 0-1] step 0: loss 0.53777" in capsys.readouterr().out
 
 
 def test_errors_name_the_script_and_show_its_lines(run: Runner, scripts: Path) -> None:

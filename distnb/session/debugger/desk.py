@@ -39,6 +39,8 @@ __all__ = ["Desk", "RunView", "frontend_stdin"]
 # How long the rank at hand gets to stop again after a stepping command before another stopped
 # rank gets the prompt (a step over a long call may take longer: the other rank goes first).
 STEP_GRACE_S = 0.5
+# How long the first prompt of a run waits for other ranks that stop at the same time.
+GATHER_S = 0.1
 # How long a rank's output may trail its prompt (iopub and the store are separate channels).
 OUTPUT_WAIT_S = 2.0
 # How long `ranks ... CMD` waits for ranks still on their way to a stop before it picks ranks.
@@ -101,10 +103,13 @@ class Desk:
         if not self.pending:
             return 0.0
         start = time.monotonic()
+        if self.current is None:  # the run's first stop: its peers may be stopping too
+            self._gather()
         while self.pending:
             rank = self._next_rank()
             request = self.pending.pop(rank)
             self._show_up_to(run, request)
+            self._collect()  # ranks that stopped meanwhile are named with this prompt
             answer = self._answer(run, request)
             if answer is None:  # the user switched ranks; this prompt stays open
                 self.pending[rank] = request
@@ -124,6 +129,14 @@ class Desk:
                 self.pending[request.rank] = request
             else:  # left over from a run that ended while it asked: that rank has moved on
                 self.control.answer(request.n, QUIT)
+
+    def _gather(self) -> None:
+        """Ranks that stop together are asked in rank order: the run's loop wakes at the first
+        rank's output, maybe before its peers have posted their prompts, so collect a moment."""
+        deadline = time.monotonic() + GATHER_S
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+            self._collect()
 
     def _next_rank(self) -> int:
         """The rank at hand while it steps; else the lowest stopped rank (one is pending)."""

@@ -29,6 +29,7 @@ from distnb.session.runs import endings
 from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
 from distnb.session.runs.referee import DesyncReferee
 from distnb.session.runs.request import CellRequest, CellResult
+from distnb.session.runs.streams import StreamLog, execute
 from distnb.views.output import CellOutput, RankOutput
 
 # How long ranks get to stop after an interrupt before distnb says they are stuck.
@@ -49,9 +50,9 @@ class CellRun:
 
     `wait()` raises only what ends a cell early: `RankTimeoutError`, `RankDiedError`,
     `SessionError` (a process the cluster needs is gone: the controller, a nanny), or
-    KeyboardInterrupt (after interrupting the ranks); ranks' own exceptions come back on the
-    result as failures, for the session to turn into one error. `on_death` is told why the
-    session is broken when a process dies.
+    `CellInterrupted`, a KeyboardInterrupt that says where each rank was (after interrupting
+    the ranks); ranks' own exceptions come back on the result as failures, for the session to
+    turn into one error. `on_death` is told why the session is broken when a process dies.
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class CellRun:
         self.on_death = on_death
         self._wake = threading.Event()
         self.results: dict[int, Any] = {}
+        self.logs: dict[int, StreamLog] = {}  # each rank's writes, in the order written
         self.output: CellOutput | None = None
         self.desk = Desk(control, request.run_id)
         self.paused_s = 0.0  # time spent with the user at ranks' prompts: not the cell's
@@ -87,7 +89,8 @@ class CellRun:
             self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
             self._visual_s = self.visual.stopped_seconds()
         for info in self.targets:
-            ar = self.cluster.view(info.engine_id).execute(req.code, silent=False, block=False)
+            log = self.logs[info.rank] = StreamLog(self._wake)
+            ar = execute(self.cluster.view(info.engine_id), req.code, log)
             ar.add_done_callback(lambda _f: self._wake.set())
             self.results[info.rank] = ar
         self.output = CellOutput([t.rank for t in self.targets])
@@ -105,7 +108,7 @@ class CellRun:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 if self.output.live:
-                    self.output.update(self._outputs())
+                    self.output.update(self._outputs(), self._printing())
                 # a rank that waits for an answer is not done: nothing to serve once all are
                 paused = self.desk.serve(self) if not self._all_done() else 0.0
                 if self.visual is not None:  # ranks stopped in JupyterLab's debugger
@@ -132,7 +135,7 @@ class CellRun:
             self.output.finish(self._outputs())
             if stuck:
                 print(stuck_message(t.rank for t in stuck), file=sys.stderr)
-            raise KeyboardInterrupt(where) from None
+            raise errors.CellInterrupted(where) from None
         for ar in self.results.values():
             # iopub output may trail the reply: wait for the engine's idle status
             ar.wait_for_output(timeout=OUTPUT_WAIT_S)
@@ -149,8 +152,7 @@ class CellRun:
 
     def written(self, rank: int) -> tuple[int, int]:
         """How many characters of the rank's stdout and stderr the kernel has received."""
-        md = _live_metadata(self.results[rank])
-        return len(md["stdout"]), len(md["stderr"])
+        return self.logs[rank].written()
 
     def show_output(self) -> None:
         """Show what every rank printed so far (before a prompt); from now on, print it below
@@ -193,6 +195,11 @@ class CellRun:
     def _running(self) -> list[RankInfo]:
         return [t for t in self.targets if not self.results[t.rank].done()]
 
+    def _printing(self) -> list[int]:
+        """The ranks whose output may still come: output can trail a rank's result, until its
+        engine says it is idle."""
+        return [rank for rank, ar in self.results.items() if not ar.wait_for_output(0)]
+
     def _states(self) -> tuple[dict[int, RankState], dict[int, str]]:
         states: dict[int, RankState] = {}
         failures: dict[int, str] = {}
@@ -217,7 +224,8 @@ class CellRun:
             displays = list(md["outputs"])
             if md["execute_result"]:
                 displays.append({**md["execute_result"], "execute_result": True})
-            outputs.append(RankOutput(info.rank, md["stdout"], md["stderr"], displays))
+            writes = tuple(self.logs[info.rank].writes)
+            outputs.append(RankOutput(info.rank, md["stdout"], md["stderr"], displays, writes))
         return outputs
 
     # --- endings ---------------------------------------------------------------------------
