@@ -12,6 +12,8 @@ What a session does besides its lifecycle and runs lives in method modules besid
 from __future__ import annotations
 
 import atexit
+import contextlib
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -360,5 +362,15 @@ class Session:
 
 @atexit.register
 def _stop_all() -> None:
+    """Stop every running session as Python exits, and say so in distnb's words (ipyparallel's
+    exit handler, `Stopping cluster <Cluster(...)>`, is off for distnb's clusters). The line goes
+    to the process's stdout: the terminal in IPython; a kernel's stream may be closed by now."""
     for session in list(_live):
+        ranks, processes = len(session.ranks), len(session.pids())
         session.stop()
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"distnb: stopped {ranks} ranks and the controller ({processes} processes) at exit",
+                file=sys.__stdout__,
+                flush=True,
+            )

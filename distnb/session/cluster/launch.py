@@ -64,7 +64,9 @@ class Cluster:
             # (and import torch) while the controller comes up instead of a second later.
             delay=0,
             send_engines_connection_env=False,
-            shutdown_atexit=True,
+            # distnb stops its clusters at exit itself (`session.core._stop_all`), by pid and
+            # at once; ipyparallel's handler would print its repr and stop them politely.
+            shutdown_atexit=False,
             log_level=40,
         )
         self.client: Any = None
