@@ -2,7 +2,8 @@
 
 Start-up progress (tqdm: text in a terminal, a widget in Jupyter), tqdm bars and widgets made on
 the ranks (text in a terminal, without breaking ipyparallel's output dispatch; relayed widgets in
-Jupyter), and auto mode (the prompt, `%%local`, off again).
+Jupyter), and auto mode (the prompt, `%%local`, off again). In the terminal: ranks' lines as they
+come, Ctrl-C and errors in their one message, distnb's own goodbye at exit.
 """
 
 from __future__ import annotations
@@ -49,15 +50,24 @@ class Terminal:
             timeout=180,
             dimensions=(50, 200),
         )
-        self.prompt = self._wait()
+        self.prompt = self.wait()
 
     def run(self, cell: str) -> str:
+        self.type(cell)
+        return self.wait()
+
+    def type(self, cell: str) -> None:
+        """Type a cell and leave it running."""
         # The simple prompt reads line by line: a cell magic ends at its second blank line.
         blank = "\r\r" if cell.startswith("%%") else ""
         self.child.send(cell.replace("\n", "\r") + "\r" + blank)
-        return self._wait()
 
-    def _wait(self) -> str:
+    def expect(self, pattern: str) -> str:
+        """Wait until `pattern` is on the screen; return what it matched."""
+        self.child.expect(pattern)
+        return plain(self.child.after)
+
+    def wait(self) -> str:
         self.child.expect(PROMPT)
         self.prompt = plain(self.child.after)
         return plain(self.child.before.replace("\r\n", "\n"))
@@ -105,6 +115,60 @@ def test_terminal_ipython_progress_rank_widgets_and_auto_mode(terminal: Terminal
     out = terminal.run("print('kernel', 1 + 1)")
     assert "kernel 2" in out and "[rank" not in out
     terminal.run("%dist_stop")
+
+
+def test_terminal_shows_lines_as_they_come_and_messages_without_internals(
+    terminal: Terminal, tmp_path: Path
+) -> None:
+    pexpect = pytest.importorskip("pexpect")
+    terminal.run("%load_ext distnb")
+    assert "memory (peak)" in terminal.run("%dist_start -n 2")
+
+    # live: the ranks wait for a file that the test makes only once it has seen their first
+    # lines on the screen, so those lines came while the cell still ran
+    go = tmp_path / "go"
+    terminal.type(
+        "%%allranks\nimport os, time\nprint('before', rank, flush=True)\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nprint('after', rank)"
+    )
+    seen = {terminal.expect(r"\[rank \d\] before \d") for _ in range(2)}
+    assert seen == {"[rank 0] before 0", "[rank 1] before 1"}
+    go.touch()
+    out = terminal.wait()
+    assert "[rank 0] after 0" in out and "[rank 1] after 1" in out and "before" not in out
+
+    # Ctrl-C: one line that says where each rank was, no frames; the cluster keeps working
+    cell = int(terminal.prompt.split("[")[1].split("]")[0])
+    terminal.type(
+        "%%allranks\nimport time\nx = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)\n"
+        "print('sleeping', rank, flush=True)\ntime.sleep(60)"
+    )
+    terminal.expect(r"\[rank 1\] sleeping 1")
+    terminal.child.send("\x03")
+    out = terminal.wait()
+    assert f"KeyboardInterrupt: cell In[{cell}] interrupted: rank 0 waiting at all_reduce" in out
+    assert f"; rank 1 at cell In[{cell}] line 7: time.sleep(60)" in out
+    assert "Traceback" not in out and "distnb/" not in out and "sleeping" not in out
+    assert len(out.strip().splitlines()) == 1, out
+    assert "[rank 1] alive 1" in terminal.run("%%allranks\nprint('alive', rank)")
+
+    # each rank's error once, with the rank's own traceback and none of distnb's frames
+    terminal.type("%%allranks\nx = 1 / rank\nif rank == 1:\n    breakpoint()\nx = 2")
+    terminal.expect(r"\[rank 1\] \(Pdb\) ")
+    terminal.child.send("q\r")
+    out = terminal.wait()
+    assert len(re.findall(r"^\[rank 1\] DebuggerQuit: rank 1 quit the debugger", out, re.M)) == 1
+    assert not re.search(r"^DebuggerQuit", out, re.M)
+    assert len(re.findall(r"^\[rank 0\] ZeroDivisionError", out, re.M)) == 1
+    assert out.count("Traceback (most recent call last)") == 1  # rank 0's own
+    assert "distnb/" not in out and "site-packages" not in out
+
+    # leaving IPython with ranks running: distnb's goodbye, not ipyparallel's repr
+    terminal.child.send("exit\r")
+    terminal.child.expect(pexpect.EOF)
+    said = plain(terminal.child.before)
+    assert "distnb: stopped 2 ranks and the controller" in said and "at exit" in said
+    assert "Stopping cluster" not in said and "Cluster(" not in said
 
 
 @pytest.fixture

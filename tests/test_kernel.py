@@ -1,9 +1,11 @@
-"""distnb inside a real Jupyter kernel: live output, Ctrl-C, and nothing left after shutdown."""
+"""distnb inside a real Jupyter kernel: live output, Ctrl-C, and nothing left after shutdown;
+what the frontend receives: output merged in the order written, errors without distnb's frames."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import pytest
 
 from tests import kernel_driver
 from tests.conftest import running
-from tests.kernel_driver import execute
+from tests.kernel_driver import ANSI, execute
 
 pytestmark = pytest.mark.cluster
 
@@ -87,11 +89,13 @@ def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, A
             break
     started = time.monotonic()
     km.interrupt_kernel()
-    reply = kc.get_shell_msg(timeout=30)
-    assert (
-        reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    )
+    reply = kc.get_shell_msg(timeout=30)["content"]
     assert time.monotonic() - started < 10
+    # the frontend gets the one line that says where each rank was, none of distnb's frames
+    assert reply["status"] == "error" and reply["ename"] == "CellInterrupted"
+    assert len(reply["traceback"]) == 1, reply["traceback"]
+    assert reply["traceback"][0].startswith("KeyboardInterrupt: cell In[")
+    assert "interrupted: rank 0 at cell In[" in reply["traceback"][0]
 
     alive = execute(kc, "%%allranks\nprint('alive', rank)")
     assert alive.status == "ok" and "[rank 1] alive 1" in alive.text
@@ -103,3 +107,55 @@ def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, A
     while running(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running([kernel_pid, *pids])
+
+
+def test_the_frontend_gets_ranks_output_in_order_and_errors_without_internals(
+    kernel: tuple[Any, Any],
+) -> None:
+    fe = kernel_driver.Frontend(*kernel)
+    assert fe.run("%load_ext distnb\n%dist_start -n 2").status == "ok"
+
+    code = (
+        "%%allranks\nimport sys, warnings\nprint('hello')\nprint('out', rank)\n"
+        "print('err', rank, file=sys.stderr)\nprint('out again', rank)\nwarnings.warn('careful')"
+    )
+    ran = fe.run(code)
+    cell = ran.content["execution_count"]
+    areas = [fe_text for fe_text in ran.shown.values() if fe_text]
+    assert (
+        areas
+        == [  # the final view: one area, the others emptied
+            "[ranks 0-1] hello\n"
+            + "".join(
+                f"[rank {r}] out {r}\n[rank {r}] err {r}\n[rank {r}] out again {r}\n"
+                for r in (0, 1)
+            )
+            + f"[ranks 0-1] cell In[{cell}] line 7: UserWarning: careful\n"
+            "[ranks 0-1]   warnings.warn('careful')"
+        ]
+    )
+
+    failed = fe.run(
+        "%%allranks\nimport math\nif rank == 1:\n    raise KeyError(rank)\nmath.sqrt(-1)"
+    )
+    (error,) = [o for o in failed.outputs if o["type"] == "error"]
+    text = ANSI.sub("", "\n".join(error["traceback"]))
+    cell = failed.content["execution_count"]
+    assert error["traceback"][0] == (
+        f"RankError: cell In[{cell}] failed on rank 0: ValueError: math domain error; "
+        "rank 1: KeyError: 1"
+    )
+    assert len(re.findall(r"^\[rank 0\] ValueError: math domain error$", text, re.M)) == 1
+    assert len(re.findall(r"^\[rank 1\] KeyError: 1$", text, re.M)) == 1
+    assert text.count("Traceback (most recent call last)") == 2  # each rank's own
+    assert f"Cell In[{cell}], line 5" in text and f"Cell In[{cell}], line 4" in text
+    assert "distnb/" not in text and "site-packages" not in text
+
+    # after a debugger's `q`: each rank's error once
+    quit_ = fe.run("%%allranks\nif rank == 1:\n    breakpoint()\nx = 1", answers=["q"])
+    (error,) = [o for o in quit_.outputs if o["type"] == "error"]
+    text = ANSI.sub("", "\n".join(error["traceback"]))
+    assert sum("quit the debugger" in line for line in error["traceback"]) == 2  # header, rank
+    assert re.search(r"^\[rank 1\] DebuggerQuit: rank 1 quit the debugger", text, re.M)
+    assert not re.search(r"^DebuggerQuit", text, re.M)
+    fe.run("%dist_stop")
