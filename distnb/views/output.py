@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -77,9 +77,16 @@ class CellOutput:
             for rank in self.ranks:
                 self._areas[rank] = display(_Text(""), display_id=True)  # type: ignore[no-untyped-call]
 
-    def update(self, outputs: Sequence[RankOutput], printing: Collection[int] = ()) -> None:
-        """Show what arrived since the last call (live only). `printing`: the ranks whose output
-        may still come (a rank's output can trail its result)."""
+    def holding(self) -> bool:
+        """Whether lines wait to be printed (a terminal holds a line back a moment)."""
+        return not self.kernel and self._merger.pending()
+
+    def update(
+        self, outputs: Sequence[RankOutput], printing: Callable[[], Collection[int]] = tuple
+    ) -> None:
+        """Show what arrived since the last call (live only). `printing()`: the ranks whose
+        output may still come (a rank's output can trail its result), asked only when a line
+        waits for them."""
         if not self.live:
             return
         changed = self._feed(outputs)
@@ -87,9 +94,14 @@ class CellOutput:
             self._show_areas(changed)
             return
         now = time.monotonic()
+        still: list[Collection[int]] = []  # printing(), once asked
 
         def ready(line: Line, quiet: Sequence[int]) -> bool:
-            return now - line.at >= HOLD_S or not any(r in printing for r in quiet)
+            if now - line.at >= HOLD_S:
+                return True
+            if not still:
+                still.append(printing())
+            return not any(r in still[0] for r in quiet)
 
         _print(self._merger.take(ready))
 
@@ -169,11 +181,20 @@ class CellOutput:
 
 
 def _watched() -> bool:
-    """Whether a person watches this process's output as it comes: stdout is a terminal."""
+    """Whether a person watches this process's output as it comes: stdout is a terminal
+    (asked once per stdout object: the system call is not free on a loaded machine)."""
+    stream = sys.stdout
+    if _tty and _tty[0] is stream:
+        return bool(_tty[1])
     try:
-        return sys.stdout.isatty()
+        answer = stream.isatty()
     except (AttributeError, ValueError):  # no stdout, or a closed one
-        return False
+        answer = False
+    _tty[:] = [stream, answer]
+    return bool(answer)
+
+
+_tty: list[Any] = []  # [the stdout last asked, whether it is a terminal]
 
 
 def _print(groups: Sequence[Group]) -> None:

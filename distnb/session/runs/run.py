@@ -72,6 +72,7 @@ class CellRun:
         self._wake = threading.Event()
         self.results: dict[int, Any] = {}
         self.logs: dict[int, StreamLog] = {}  # each rank's writes, in the order written
+        self._writes = 0  # how many of them the output has been given
         self.output: CellOutput | None = None
         self.desk = Desk(control, request.run_id)
         self.paused_s = 0.0  # time spent with the user at ranks' prompts: not the cell's
@@ -107,8 +108,8 @@ class CellRun:
             while not self._all_done():
                 self._wake.wait(0.05)
                 self._wake.clear()
-                if self.output.live:
-                    self.output.update(self._outputs(), self._printing())
+                if self.output.live and self._output_due():
+                    self.output.update(self._outputs(), self._printing)
                 # a rank that waits for an answer is not done: nothing to serve once all are
                 paused = self.desk.serve(self) if not self._all_done() else 0.0
                 if self.visual is not None:  # ranks stopped in JupyterLab's debugger
@@ -194,6 +195,13 @@ class CellRun:
 
     def _running(self) -> list[RankInfo]:
         return [t for t in self.targets if not self.results[t.rank].done()]
+
+    def _output_due(self) -> bool:
+        """Whether there is output to show: writes arrived, or lines wait in a terminal."""
+        assert self.output is not None
+        writes = sum(len(log.writes) for log in self.logs.values())
+        due, self._writes = writes != self._writes or self.output.holding(), writes
+        return due
 
     def _printing(self) -> list[int]:
         """The ranks whose output may still come: output can trail a rank's result, until its
