@@ -142,6 +142,8 @@ class CellRun:
             ar.wait_for_output(timeout=OUTPUT_WAIT_S)
         outputs = self._outputs()
         self.output.finish(outputs)
+        for out in outputs:  # the result keeps what arrived until now
+            out.writes = tuple(out.writes)
         ended = self._failures()
         self.cluster.members.mark_logs(t.pid for t in self.targets)
         return CellResult(self.request.cell, self.request.run_id, tuple(outputs), ended)
@@ -232,7 +234,8 @@ class CellRun:
             displays = list(md["outputs"])
             if md["execute_result"]:
                 displays.append({**md["execute_result"], "execute_result": True})
-            writes = tuple(self.logs[info.rank].writes)
+            # the log itself, not a copy: the output reads only the part it has not seen
+            writes = self.logs[info.rank].writes
             outputs.append(RankOutput(info.rank, md["stdout"], md["stderr"], displays, writes))
         return outputs
 
