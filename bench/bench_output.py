@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import pty
 import shutil
 import subprocess
@@ -27,10 +26,9 @@ import sys
 import tempfile
 import threading
 
-import psutil
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_session import WARMUP_ROUNDS, _row  # bench/ is on the path, as above
+from results import saved
 
 
 class _Worker:
@@ -130,9 +128,11 @@ def main() -> None:
     parser.add_argument("--before", default="main", help="the git ref to compare with")
     parser.add_argument("--cells", type=int, default=200, help="rounds of one cell of each kind")
     args = parser.parse_args()
-    before, rounds = args.before, args.cells
-    print(f"$ python bench/bench_output.py --before {before} --cells {rounds}")
-    print(f"# {platform.node()}: {psutil.cpu_count()} cores, Python {platform.python_version()}")
+    with saved("output"):
+        measure(args.before, args.cells)
+
+
+def measure(before: str, rounds: int) -> None:
     times, commit = version_times(before, rounds)
     print(
         f"# {rounds} rounds of one cell of each kind on each of 4 sessions (order rotated), paired"
