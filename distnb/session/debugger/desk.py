@@ -39,11 +39,10 @@ __all__ = ["Desk", "RunView", "frontend_stdin"]
 # How long the rank at hand gets to stop again after a stepping command before another stopped
 # rank gets the prompt (a step over a long call may take longer: the other rank goes first).
 STEP_GRACE_S = 0.5
-# How long the first prompt of a run waits for other ranks that stop at the same time.
-GATHER_S = 0.1
 # How long a rank's output may trail its prompt (iopub and the store are separate channels).
 OUTPUT_WAIT_S = 2.0
-# How long `ranks ... CMD` waits for ranks still on their way to a stop before it picks ranks.
+# How long the first prompt of a run, and `ranks ... CMD`, wait for ranks still on their way to
+# a stop (so that ranks stopping together are asked in rank order, and a command reaches them).
 GATHER_S = 1.0
 # How long it waits for the ranks' answers before it shows those it has.
 ANSWERS_WAIT_S = 30.0
@@ -104,7 +103,7 @@ class Desk:
             return 0.0
         start = time.monotonic()
         if self.current is None:  # the run's first stop: its peers may be stopping too
-            self._gather()
+            self._gather(run, min(self.pending))
         while self.pending:
             rank = self._next_rank()
             request = self.pending.pop(rank)
@@ -129,14 +128,6 @@ class Desk:
                 self.pending[request.rank] = request
             else:  # left over from a run that ended while it asked: that rank has moved on
                 self.control.answer(request.n, QUIT)
-
-    def _gather(self) -> None:
-        """Ranks that stop together are asked in rank order: the run's loop wakes at the first
-        rank's output, maybe before its peers have posted their prompts, so collect a moment."""
-        deadline = time.monotonic() + GATHER_S
-        while time.monotonic() < deadline:
-            time.sleep(0.005)
-            self._collect()
 
     def _next_rank(self) -> int:
         """The rank at hand while it steps; else the lowest stopped rank (one is pending)."""
