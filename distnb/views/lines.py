@@ -129,6 +129,7 @@ class Merger:
         lines = list(self._queues[rank])
         self._queues[rank].clear()
         self._taken[rank] += len(lines)
+        self._block = None  # what follows is no longer the run of lines shown last
         return lines
 
     def drop(self) -> None:

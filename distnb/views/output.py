@@ -129,8 +129,8 @@ class CellOutput:
         taken = {}
         for rank in ranks:
             if rank in self._splitters:
-                self._merger.add(rank, self._splitters[rank].tails())
-                taken[rank] = "".join(f"{line.text}\n" for line in self._merger.pop(rank))
+                lines = "".join(f"{line.text}\n" for line in self._merger.pop(rank))
+                taken[rank] = lines + "".join(t.text for t in self._splitters[rank].tails())
         return taken
 
     def finish(self, outputs: Sequence[RankOutput]) -> None:

@@ -6,24 +6,30 @@ from __future__ import annotations
 
 import pytest
 
+from distnb.views.lines import Write
 from distnb.views.output import CellOutput, RankOutput
 
 
 def test_progress_take_and_finish_print_each_part_once(capsys: pytest.CaptureFixture[str]) -> None:
     out = CellOutput([0, 1])
     assert not out.live
-    out.progress([RankOutput(0, "a\n"), RankOutput(1, "stop at 5\n")])
+    w0, w1 = [Write("stdout", "a\n")], [Write("stdout", "stop at 5\n")]
+    out.progress([RankOutput(0, writes=w0), RankOutput(1, writes=w1)])
     assert capsys.readouterr().out == "[rank 0] a\n[rank 1] stop at 5\n"
-    later = [RankOutput(0, "a\nb\n"), RankOutput(1, "stop at 5\ntensor([2.])\n", "warn\n")]
-    assert out.take(later, {1: (99, 99), 0: (4, 0)}) == {1: "tensor([2.])\nwarn\n", 0: "b\n"}
+    w0.append(Write("stdout", "b\n"))
+    w1 += [Write("stdout", "tensor([2.])\n"), Write("stderr", "warn\n")]
+    later = [RankOutput(0, writes=w0), RankOutput(1, writes=w1)]
+    assert out.take(later, [1, 0]) == {1: "tensor([2.])\nwarn\n", 0: "b\n"}
     assert capsys.readouterr().out == ""  # taken, for the caller to show
-    out.finish(
-        [RankOutput(0, "a\nb\nc\n"), RankOutput(1, "stop at 5\ntensor([2.])\nd\n", "warn\n")]
-    )
+    w0.append(Write("stdout", "c\n"))
+    w1.append(Write("stdout", "d\n"))
+    out.finish([RankOutput(0, writes=w0), RankOutput(1, writes=w1)])
     assert capsys.readouterr().out == "[rank 0] c\n[rank 1] d\n"
 
 
-def test_take_never_passes_what_has_arrived() -> None:
+def test_take_gives_what_has_arrived_once() -> None:
     out = CellOutput([0])
-    assert out.take([RankOutput(0, "ab")], {0: (10, 0)}) == {0: "ab"}
-    assert out.take([RankOutput(0, "abcd")], {0: (10, 0)}) == {0: "cd"}
+    writes = [Write("stdout", "ab")]
+    assert out.take([RankOutput(0, writes=writes)], [0]) == {0: "ab"}
+    writes.append(Write("stdout", "cd"))
+    assert out.take([RankOutput(0, writes=writes)], [0]) == {0: "cd"}
