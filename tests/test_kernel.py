@@ -82,11 +82,12 @@ def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, A
     pids = json.loads(execute(kc, PIDS).text.strip().splitlines()[-1])
 
     msg_id = kc.execute("%%allranks\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)")
-    while True:  # wait until both ranks report they sleep
+    sleeping: set[str] = set()
+    while len(sleeping) < 2:  # both ranks in the sleep (rank 0 may start later than rank 1)
         msg = kc.get_iopub_msg(timeout=30)
         data = msg["content"].get("data", {}).get("text/plain", "")
-        if msg["parent_header"].get("msg_id") == msg_id and "[rank 1] sleeping" in data:
-            break
+        if msg["parent_header"].get("msg_id") == msg_id and data.endswith("] sleeping"):
+            sleeping.add(data)
     started = time.monotonic()
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=30)["content"]
