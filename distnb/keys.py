@@ -30,6 +30,21 @@ Who writes what (values in brackets):
 - `check/host/<rank>` [text]: a rank's host identity, so ranks on one host use shared memory.
 - `check/fp/...`, `check/big/...` [stamped fingerprints]: fingerprint slots of groups that span
   hosts and of fingerprints too big for shared memory (`board`, `spill`, `slot`).
+- `repost/<rank>` [a key]: a peer, or the kernel, that read a forged value under a key `rank`
+  wrote asks it to post that key's value again (`distnb.rank.posts`).
+
+Off loopback every value is signed (`distnb.rank.signed`), and a value that fails verification
+was written by something that does not hold the session's secret: a **forged** value. None is
+waited on in silence. What each key's reader does about one (`role` names the key in messages):
+
+- keys a rank wrote and a peer or the kernel waits for (host identities, fingerprint slots,
+  beacons, arrivals, endpoints, requests for input, stacks): the reader asks the writer to post
+  again (`repost`), and the writer's re-post thread does, from what it keeps;
+- keys the kernel writes (`kept_by_kernel`: the cell's note, aborts, answers, the visual
+  debugger's file name, stack requests): the kernel posts them again while they may be read,
+  and a reader waits for its copy;
+- keys written once by code distnb does not own (the process group's rendezvous) or read once
+  (the visual debugger's relay): the reader fails at once, naming the key's role.
 """
 
 from __future__ import annotations
@@ -50,8 +65,12 @@ __all__ = [
     "endpoint",
     "group_arrival",
     "host",
+    "kept_by_kernel",
+    "owner",
     "process_group",
     "replicas",
+    "repost",
+    "role",
     "slot",
     "spill",
     "stack_reply",
@@ -157,3 +176,94 @@ def group_arrival(epoch: int, rank: int) -> str:
 def replicas(name: str) -> str:
     """The prefix of a replica check's board (`name`: its topic and members, or a watch's)."""
     return f"replicas/{name}"
+
+
+def repost(rank: int) -> str:
+    """Where `rank` is asked to post a key again: the value is the key's name."""
+    return f"repost/{rank}"
+
+
+def kept_by_kernel(key: str) -> bool:
+    """Whether the kernel posts `key` again while a reader may still need it
+    (`distnb.session.control.ControlPlane.keep`): a reader that finds a forged value there
+    waits for the kernel's copy instead of failing."""
+    return key in (RUN, CELL_FILE) or key.startswith(_KERNEL_KEPT)
+
+
+def owner(key: str) -> int | None:
+    """The rank that writes `key`, where its name says (None: the kernel's keys, boards' slots,
+    whose rings the board knows)."""
+    parts = key.split("/")
+    at = _OWNER_AT.get((parts[0], parts[1] if len(parts) > 1 else ""))
+    if at is None:
+        at = _OWNER_AT.get((parts[0], ""))
+    if at is None or len(parts) <= at or not parts[at].isdigit():
+        return None
+    number = int(parts[at])
+    return number & 0xFFFFF if parts[:2] == [_DEBUG, "ask"] else number  # see `ask_number`
+
+
+# where the writer's rank is in a key's parts, by (first part, second part or "")
+_OWNER_AT = {
+    (_CHECK, "host"): 2,
+    (_CHECK, "beacon"): 2,
+    (_DEBUG, "count"): 2,
+    (_DEBUG, "ask"): 2,
+    ("endpoint", ""): 1,
+    ("stack", ""): 1,
+    (f"{_PG}-here", ""): 2,
+}
+
+_KERNEL_KEPT = (f"{_CHECK}/abort/", f"{_DEBUG}/answer/", "stackreq/")
+
+
+def role(key: str) -> str:
+    """What the value under `key` is, in words, for messages about that key."""
+    parts = key.split("/")
+    head, tail = parts[0], parts[1:]
+    last = tail[-1] if tail else ""
+    if key == RUN:
+        return "the kernel's note of the cell to run (its number and run id)"
+    if key == CELL_FILE:
+        return "the visual debugger's file name for the cell"
+    if head in (_PG, f"{_PG}-here"):
+        if head == _PG:
+            return f"the process group's rendezvous ({'/'.join(tail) or 'its first key'})"
+        return f"rank {last}'s arrival at making the process group again"
+    if head == _CHECK and len(tail) == 5 and tail[0] in ("fp", "big"):
+        _, _, name, ring, _ = tail
+        what = "fingerprint" if tail[0] == "fp" else "large fingerprint"
+        return f"the {what} that member {ring} of {_board_words(name)} posted"
+    words = _ROLES.get((head, tail[0] if tail else ""), "")
+    if words:
+        rank = int(last) & 0xFFFFF if last.isdigit() else last
+        return words.format(rank=rank, rest="/".join(tail[1:]), owner=tail[1] if tail else "")
+    return _ROLES_BY_HEAD.get(head, "a value of the session's control plane").format(
+        owner=tail[0] if tail else "", rest="/".join(tail)
+    )
+
+
+_ROLES = {
+    (_CHECK, "host"): "rank {rank}'s host identity",
+    (_CHECK, "beacon"): "rank {rank}'s beacon (where it waits)",
+    (_CHECK, "abort"): "the kernel's release of the ranks waiting in run {rank}",
+    (_DEBUG, "count"): "rank {rank}'s count of requests for input",
+    (_DEBUG, "ask"): "rank {rank}'s request for input",
+    (_DEBUG, "answer"): "the kernel's answer to rank {rank}'s request for input",
+    (_DEBUG, "dap"): "a piece of the visual debugger's connection ({rest})",
+}
+_ROLES_BY_HEAD = {
+    "endpoint": "rank {owner}'s address for the process group",
+    "stackreq": "the kernel's request for rank {owner}'s live stack",
+    "stack": "rank {owner}'s live stack",
+    "replicas": "a replica check's board ({rest})",
+    "repost": "a request to rank {owner} to post a value again",
+}
+
+
+def _board_words(name: str) -> str:
+    """`c-<group>`: a group's board; `p-<group>-<src>-<dst>-<tag>`: a point-to-point channel's."""
+    kind, _, rest = name.partition("-")
+    if kind == "p":
+        return f"the point-to-point channel {rest}"
+    return f"process group {rest}"

@@ -5,8 +5,8 @@ The kernel calls these functions on the engines through ipyparallel's `apply`:
 namespace, `shutdown()` before the engines stop; between cells it asks for what a rank holds
 (`scan`, `overflow_*`, `events`, `last_mismatch`, `clock_ns`). `init` binds the engine's IPython
 shell (`distnb.rank.shell`: the rank's names, the kernel's cell numbers, the hooks around each
-cell) and starts the thread that answers the kernel's requests for the rank's live stack
-(`distnb.rank.stacks`).
+cell) and starts the threads that answer the kernel's requests for the rank's live stack
+(`distnb.rank.stacks`) and post again what a stranger overwrote (`distnb.rank.posts`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from distnb import keys
 from distnb.errors import SessionError
-from distnb.rank import checked, fresh, shell
+from distnb.rank import checked, fresh, posts, shell
 from distnb.rank.signed import SignedStore
 from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
@@ -46,6 +46,7 @@ class _Runtime:
     device: torch.device
     stacks: StackServer
     world: World
+    reposter: posts.Reposter | None  # off loopback only: there values can be forged
     hooks: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -77,13 +78,16 @@ def init(spec: RankSpec) -> RankInfo:
     if _runtime is not None:
         shutdown()
     store = connect(spec)
+    reposter = posts.Reposter(spec.rank, partial(connect, spec)) if spec.secret else None
+    if reposter is not None:
+        reposter.start()
     device = _device_for(spec)
     _set_environment(spec, device)
     address = _post_endpoint(spec, store)
     world = World(spec, store, device)
     world.create()
     stacks = StackServer(spec.rank, partial(connect, spec))
-    _runtime = _Runtime(spec, store, device, stacks, world)
+    _runtime = _Runtime(spec, store, device, stacks, world, reposter)
     if spec.check:
         _install_checks(spec, store)
     world.hook()
@@ -110,6 +114,7 @@ def _post_endpoint(spec: RankSpec, store: dist.Store) -> str:
     ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
     where = {"host": socket.gethostname(), "ifname": ifname, "address": address}
     store.set(keys.endpoint(spec.rank), json.dumps(where))
+    posts.keep(keys.endpoint(spec.rank), json.dumps(where))
     return address
 
 
@@ -241,6 +246,8 @@ def shutdown() -> None:
     World.unhook()
     _uninstall_checks()
     _runtime.stacks.stop(_runtime.store)
+    if _runtime.reposter is not None:
+        _runtime.reposter.stop(_runtime.store)
     _runtime.world.destroy()
     _restore_environment()
     _runtime = None

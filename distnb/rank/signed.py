@@ -8,12 +8,22 @@ SHA256 of the key and the value, truncated) followed by the value. The secret is
 kernel per session and reaches the ranks in their `RankSpec`, through ipyparallel's own signed
 messages, never through the store.
 
-A value whose tag does not verify is treated as not there yet: `check` says False, `get` and
-`wait` wait for a valid one (up to the store's timeout), `multi_get` gives `b""` for it (boards
-read that as "not posted", beacon readers skip it). So a stranger can delay the session or make
-it time out by overwriting keys (the store cannot stop that), but cannot make a rank or the
-kernel decode, believe or run anything it wrote. Counters (`add`) are plain integers, read by
-the kernel only as counts of keys it then verifies.
+A value whose tag does not verify was written by something that does not hold the secret: a
+**forged** value. Nothing is decoded from it, and none is waited on in silence (`distnb.keys`
+says what each key's reader does about one):
+
+- `get` and `wait` raise `ForgedValueError` at once, naming the key's role, but for keys the
+  kernel posts again while they may be read (`keys.kept_by_kernel`): there they wait for the
+  kernel's copy, up to their timeout;
+- `check` says False and `multi_get` gives `b""` for it, as for a key not posted yet (boards read
+  that as "not posted", beacon readers skip it), and the store notes the key: `take_forged`
+  gives the keys seen forged since it was last asked, to callers that ask the writer to post
+  again (`distnb.rank.posts`).
+
+So a stranger who overwrites keys can delay the session while it keeps writing, and makes a
+cell fail only where a value was written once by code distnb does not own, but cannot make a
+rank or the kernel decode, believe or run anything it wrote. Counters (`add`) are plain
+integers, read by the kernel only as counts of keys it then verifies.
 
 The process group's own rendezvous goes through the same store (gloo's and NCCL's addresses),
 so it is signed too. Libraries that rendezvous through `MASTER_ADDR`/`MASTER_PORT` themselves
@@ -26,14 +36,41 @@ import hmac
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import cast
+from typing import Any, cast
 
 import torch.distributed as dist
 
-__all__ = ["TAG_BYTES", "SignedStore"]
+from distnb import keys
+
+__all__ = ["TAG_BYTES", "ForgedValueError", "SignedStore", "forged_message", "take_forged"]
 
 TAG_BYTES = 16
-_POLL_S = 0.01  # between reads of a key that holds a value not signed by the session
+_POLL_S = (0.001, 0.05)  # between reads of a forged key the kernel posts again: first, at most
+_ADVICE = (
+    "nothing was read from it. distnb posts such values again where it can; if this comes back, "
+    "something on the network writes to the control plane's port: start the session on an "
+    "address only the cluster reaches (--host)"
+)
+
+
+def forged_message(key: str) -> str:
+    """Why a value under `key` was not used (the start of every message about a forgery)."""
+    return (
+        f"the control plane's value for {keys.role(key)} ({key!r}) was overwritten by something "
+        "that does not hold the session's secret (a stranger on the network?)"
+    )
+
+
+class ForgedValueError(dist.DistStoreError):
+    """A key holds a value the session did not sign (see the module); `key` names it."""
+
+    def __init__(self, key: str, waited_s: float = 0.0) -> None:
+        self.key, self.waited_s = key, waited_s
+        waited = f", and no valid copy came within {waited_s:g} s" if waited_s else ""
+        super().__init__(f"{forged_message(key)}{waited}: {_ADVICE}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.waited_s))
 
 
 class SignedStore(dist.Store):
@@ -42,6 +79,7 @@ class SignedStore(dist.Store):
     def __init__(self, inner: dist.Store, secret: bytes, timeout_s: float = 30.0) -> None:
         super().__init__()
         self._inner, self._secret, self._timeout_s = inner, secret, timeout_s
+        self.forged: set[str] = set()  # keys seen forged since `take_forged`
 
     def _tag(self, key: str, value: bytes) -> bytes:
         return hmac.digest(self._secret, key.encode() + b"\0" + value, "sha256")[:TAG_BYTES]
@@ -58,18 +96,34 @@ class SignedStore(dist.Store):
         return value
 
     def _valid(self, key: str, timeout_s: float) -> bytes:
-        """The key's value once it is one the session signed (waiting while it is not)."""
+        """The key's value, which is there: at once, or `ForgedValueError` (see the module)."""
+        value = self._opened(key, self._inner.get(key))
+        if value is not None:
+            return value
+        self.forged.add(key)
+        if not keys.kept_by_kernel(key):
+            raise ForgedValueError(key)
         deadline = time.monotonic() + timeout_s
-        while True:
+        pause = _POLL_S[0]
+        while time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_S[1])
             value = self._opened(key, self._inner.get(key))
             if value is not None:
                 return value
-            if time.monotonic() >= deadline:
-                raise dist.DistStoreError(
-                    f"distnb's control plane: key {key!r} holds a value the session did not sign "
-                    f"(written by something else that reached the store) for {timeout_s:g} s"
-                )
-            time.sleep(_POLL_S)
+        raise ForgedValueError(key, timeout_s)
+
+    def state(self, key: str) -> str:
+        """ "valid", "forged" or "absent": for readers that treat each alike (off the hot path)."""
+        if not self._inner.check([key]):
+            return "absent"
+        return "valid" if self._checked(key, self._inner.get(key)) is not None else "forged"
+
+    def take_forged(self) -> list[str]:
+        """The keys seen holding a forged value since the last call."""
+        found = sorted(self.forged)
+        self.forged.clear()
+        return found
 
     # --- the Store interface ---------------------------------------------------------------
 
@@ -79,25 +133,32 @@ class SignedStore(dist.Store):
     def get(self, key: str) -> bytes:
         return self._valid(key, self._timeout_s)
 
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        raws = self._inner.multi_get(list(keys))
-        return [self._opened(k, raw) or b"" for k, raw in zip(keys, raws, strict=True)]
+    def multi_get(self, names: Sequence[str]) -> list[bytes]:
+        raws = self._inner.multi_get(list(names))
+        return [self._checked(k, raw) or b"" for k, raw in zip(names, raws, strict=True)]
 
-    def check(self, keys: Sequence[str]) -> bool:
-        keys = list(keys)
-        if not self._inner.check(keys):
+    def _checked(self, key: str, raw: bytes) -> bytes | None:
+        value = self._opened(key, raw)
+        if value is None:
+            self.forged.add(key)
+        return value
+
+    def check(self, names: Sequence[str]) -> bool:
+        names = list(names)
+        if not self._inner.check(names):
             return False
-        raws = self._inner.multi_get(keys)
-        return all(self._opened(k, raw) is not None for k, raw in zip(keys, raws, strict=True))
+        raws = self._inner.multi_get(names)
+        opened = [self._checked(k, raw) for k, raw in zip(names, raws, strict=True)]
+        return all(value is not None for value in opened)
 
-    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        keys = list(keys)
+    def wait(self, names: Sequence[str], timeout: timedelta | None = None) -> None:
+        names = list(names)
         if timeout is None:
-            self._inner.wait(keys)
+            self._inner.wait(names)
         else:
-            self._inner.wait(keys, timeout)
+            self._inner.wait(names, timeout)
         limit = timeout.total_seconds() if timeout is not None else self._timeout_s
-        for key in keys:
+        for key in names:
             self._valid(key, limit)
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
@@ -105,7 +166,7 @@ class SignedStore(dist.Store):
         deterministic, so the comparison is the store's own."""
         was = self._sealed(key, expected) if expected else b""
         now = self._inner.compare_set(key, cast(str, was), cast(str, self._sealed(key, desired)))
-        return self._opened(key, now) or b""
+        return self._checked(key, now) or b""
 
     def add(self, key: str, value: int) -> int:
         return int(self._inner.add(key, value))
@@ -115,3 +176,8 @@ class SignedStore(dist.Store):
 
     def num_keys(self) -> int:
         return int(self._inner.num_keys())
+
+
+def take_forged(store: Any) -> list[str]:
+    """The keys `store` saw forged since the last call ([] for a store that is not signed)."""
+    return store.take_forged() if isinstance(store, SignedStore) else []

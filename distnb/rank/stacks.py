@@ -17,8 +17,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from distnb import keys
+from distnb.rank import posts
 from distnb.rank.checked.callsite import user_paths
 from distnb.rank.shell import cell_of_file
+from distnb.rank.signed import ForgedValueError
 from distnb.userfiles import is_users
 
 __all__ = ["StackServer", "main_stack"]
@@ -65,7 +67,9 @@ class StackServer:
     It has its own store connection (`connect()` makes it, in its thread): a TCPStore client
     serialises its calls, and the main thread's client may be in use by a collective check when
     the kernel asks. It blocks in `wait` (which releases the GIL) rather than polling, so an idle
-    rank costs nothing.
+    rank costs nothing. A request a stranger overwrote (`distnb.rank.signed`) is waited through
+    while the kernel posts it again, then passed over (the kernel has given up on it by then);
+    its reply is kept, for the kernel to ask for again (`distnb.rank.posts`).
     """
 
     STOP = "stop"
@@ -88,8 +92,15 @@ class StackServer:
         rank = self._rank
         while True:
             request = keys.stack_request(rank, self._next)
-            store.wait([request], timedelta(days=365))
-            if store.get(request) == self.STOP.encode():
+            try:
+                store.wait([request], timedelta(days=365))
+                asked = store.get(request)
+            except ForgedValueError:
+                self._next += 1
+                continue
+            if asked == self.STOP.encode():
                 return
-            store.set(keys.stack_reply(rank, self._next), main_stack())
+            reply, stack = keys.stack_reply(rank, self._next), main_stack()
+            store.set(reply, stack)
+            posts.keep(reply, stack)
             self._next += 1

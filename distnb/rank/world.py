@@ -35,7 +35,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distnb import keys
-from distnb.rank import checked
+from distnb.rank import checked, posts
+from distnb.rank.signed import take_forged
 from distnb.rank.torchrun import InitCall, init_difference
 from distnb.records.cell import RankSpec
 
@@ -158,10 +159,13 @@ def _device_text(device_id: torch.device | int | None, own: torch.device) -> str
 
 
 def _gather_at(store: dist.Store, epoch: int, rank: int, world_size: int) -> None:
-    """Wait until every rank has arrived at re-making the group for `epoch`."""
+    """Wait until every rank has arrived at re-making the group for `epoch` (an arrival a
+    stranger overwrote is asked for again from its rank: `distnb.rank.posts`)."""
     store.set(keys.group_arrival(epoch, rank), "1")
+    posts.keep(keys.group_arrival(epoch, rank), "1")
     names = [keys.group_arrival(epoch, r) for r in range(world_size)]
     pause = 0.001
     while not store.check(names):
+        posts.ask_again(store, take_forged(store))
         time.sleep(pause)  # a Python sleep: KeyboardInterrupt lands here
         pause = min(pause * 2, 0.05)

@@ -4,11 +4,18 @@ Its server runs on a native thread, so it answers the ranks while the kernel's P
 and the kernel can read any rank's keys at any time, even while that rank is blocked. That is
 how the kernel numbers cells on the ranks, fetches live stacks for hang reports and releases
 ranks waiting at a collective that a peer will never reach.
+
+Off loopback a stranger can overwrite any key (`distnb.rank.signed`). What the kernel posts for
+the ranks to read (the cell's note, aborts, answers to prompts, the visual debugger's file name)
+it keeps, and posts again when it finds it forged (`keep`, every `KEEP_EVERY_S` while a run
+waits); what it reads from a rank and finds forged (beacons, requests for input, stacks) it asks
+that rank to post again (`distnb.rank.posts`). Either way it says so on stderr.
 """
 
 from __future__ import annotations
 
 import secrets
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,6 +23,9 @@ from typing import Any
 from distnb import keys
 from distnb.records.beacon import Beacon
 from distnb.records.debug import InputRequest
+
+KEEP_EVERY_S = 0.25  # how often `keep` looks at the kernel's posts while a run waits
+TELL_EVERY_S = 30.0  # how often the kernel says that one key of its own was forged
 
 
 class ControlPlane:
@@ -35,6 +45,10 @@ class ControlPlane:
         self.store: Any = self._signed(self._server)
         self._stack_requests: dict[int, int] = {}
         self._asked: list[int] = []  # per rank, the requests for input read so far
+        self._kept: dict[str, str] = {}  # the kernel's posts that ranks may still read
+        self._answers: set[str] = set()  # kept until their rank deletes them (it read them)
+        self._kept_at = 0.0
+        self._told: dict[str, float] = {}  # key -> when a forgery of it was last said
         self.begin_run(0, 0, True)  # ranks read it before every cell: it must always be there
         self.store.set(keys.CELL_FILE, "")  # so is the file name a cell runs under (none yet)
 
@@ -62,7 +76,36 @@ class ControlPlane:
     ) -> None:
         """Tell the ranks what their next cell is: its number, run id, whether it is checked,
         whether the user can be asked for input and whether every rank runs it."""
-        self.store.set(keys.RUN, keys.encode_run(cell, run_id, check, stdin, everyone))
+        # an earlier run's posts are read no more, but for answers to prompts still open
+        self._kept = {k: v for k, v in self._kept.items() if k in self._answers}
+        self.post(keys.RUN, keys.encode_run(cell, run_id, check, stdin, everyone))
+
+    def post(self, key: str, value: str) -> None:
+        """Post `value` under `key` for the ranks, and keep it valid while they may read it
+        (see the module)."""
+        self.store.set(key, value)
+        if self.secret:
+            self._kept[key] = value
+
+    def keep(self) -> None:
+        """Post again what a stranger overwrote among the kernel's posts (at most every
+        `KEEP_EVERY_S`). An answer no longer there was read: its rank deletes it."""
+        now = time.monotonic()
+        if not self._kept or now - self._kept_at < KEEP_EVERY_S:
+            return
+        self._kept_at = now
+        for key, value in list(self._kept.items()):
+            state = value_state(self.store, key)
+            if state == "valid":
+                continue
+            if state == "absent" and key in self._answers:
+                del self._kept[key]
+                self._answers.discard(key)
+                continue
+            self.store.set(key, value)
+            if state == "forged" and now - self._told.get(key, -TELL_EVERY_S) >= TELL_EVERY_S:
+                self._told[key] = now  # once in a while: a stranger may write for minutes
+                _tell(f"{forged_words(key)}; posted it again")
 
     def expect_ranks(self, n: int) -> None:
         """Before the ranks start: each one's count of requests for input is 0."""
@@ -72,26 +115,33 @@ class ControlPlane:
 
     def asks(self) -> list[InputRequest]:
         """Ranks' requests for a line from the user posted since the last call (one read of
-        every rank's count when there are none). A count that does not read as a number (not
-        the session's: distnb.rank.signed) is passed over."""
+        every rank's count when there are none). A forged count or request is asked for again
+        from its rank, and read at a later call. The run's wait calls this on every wake, so
+        it also `keep`s the kernel's posts."""
+        self.keep()
         names = [keys.ask_count(rank) for rank in range(len(self._asked))]
         found = []
         for rank, raw in enumerate(self.store.multi_get(names) if names else []):
             count = int(raw) if raw.isdigit() else self._asked[rank]
             while self._asked[rank] < count:
-                self._asked[rank] += 1
-                key = keys.ask(keys.ask_number(rank, self._asked[rank]))
+                key = keys.ask(keys.ask_number(rank, self._asked[rank] + 1))
+                if value_state(self.store, key) != "valid":
+                    break  # forged (asked again below), or not there yet
                 found.append(InputRequest.from_json(self.store.get(key)))
                 self.store.delete_key(key)
+                self._asked[rank] += 1
+        ask_for_forged(self.store)
         return found
 
     def answer(self, n: int, line: str) -> None:
         """Answer request `n` with the line the user typed (or `QUIT`, `SKIP`)."""
-        self.store.set(keys.answer(n), line)
+        self.post(keys.answer(n), line)
+        if self.secret:
+            self._answers.add(keys.answer(n))
 
     def abort(self, run_id: int, reason: str) -> None:
         """Release every rank waiting at a checked collective in run `run_id`, with `reason`."""
-        self.store.set(keys.abort(run_id), reason)
+        self.post(keys.abort(run_id), reason)
 
     def stacks(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
         """Each rank's live main-thread stack, from its stack server thread.
@@ -100,11 +150,15 @@ class ControlPlane:
         GIL inside native code) is left out.
         """
         pending: dict[int, str] = {}
+        requested: list[str] = []  # kept while the replies are awaited
         for rank in ranks:
             n = self._stack_requests.get(rank, 0)
             self._stack_requests[rank] = n + 1
             self.store.set(keys.stack_request(rank, n), "1")
             pending[rank] = keys.stack_reply(rank, n)
+            if self.secret:
+                self._kept[keys.stack_request(rank, n)] = "1"
+                requested.append(keys.stack_request(rank, n))
         found: dict[int, str] = {}
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
@@ -113,7 +167,11 @@ class ControlPlane:
                     found[rank] = self.store.get(key).decode()
                     del pending[rank]
             if pending:
+                self.keep()  # a forged request is posted again
+                ask_for_forged(self.store)  # a forged stack, by its rank
                 time.sleep(0.005)
+        for key in requested:
+            self._kept.pop(key, None)  # answered, or given up on: the next asks anew
         return found
 
     def beacons(self, ranks: list[int]) -> list[Beacon]:
@@ -121,12 +179,42 @@ class ControlPlane:
         names = [keys.beacon(r) for r in ranks]
         present = [n for n in names if self.store.check([n])]
         values = self.store.multi_get(present) if present else []
-        return [Beacon.from_json(v) for v in values if v]  # b"": not signed by the session
+        ask_for_forged(self.store)  # a forged beacon: its rank posts it again
+        return [Beacon.from_json(v) for v in values if v]
 
     def close(self) -> None:
         # The TCPStore server stops when its last reference goes.
         self.store = None
         self._server = None
+
+
+def ask_for_forged(store: Any) -> None:
+    """Ask the ranks that wrote the keys `store` read forged to post them again
+    (`distnb.rank.posts`); nothing to do for a store that is not signed."""
+    forged = store.take_forged() if hasattr(store, "take_forged") else []
+    if forged:
+        from distnb.rank.posts import ask_again
+
+        ask_again(store, forged, "the kernel")
+
+
+def value_state(store: Any, key: str) -> str:
+    """ "valid", "forged" (signed stores only) or "absent"."""
+    state = getattr(store, "state", None)
+    if state is not None:
+        return str(state(key))
+    return "valid" if store.check([key]) else "absent"
+
+
+def forged_words(key: str) -> str:
+    from distnb.rank.signed import forged_message
+
+    return forged_message(key)
+
+
+def _tell(text: str) -> None:
+    """A line on the kernel's stderr (the cell's output in a notebook)."""
+    print(f"distnb: the kernel: {text}", file=sys.stderr, flush=True)
 
 
 def is_loopback(host: str) -> bool:

@@ -24,7 +24,7 @@ from distnb import keys
 from distnb.errors import ConfigError
 from distnb.ranklist import format_ranks
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec
-from distnb.session.control import ControlPlane
+from distnb.session.control import ControlPlane, ask_for_forged
 from distnb.session.options import Options
 
 __all__ = [
@@ -153,6 +153,8 @@ def wait_joined(
         now = time.monotonic()
         if not arrived and store.check(names):
             arrived = now
+        elif not arrived:
+            ask_for_forged(store)  # an endpoint a stranger overwrote: its rank posts it again
         if arrived and now - arrived > limit:
             raise RuntimeError(_cannot_connect(store, names, pending, results, backend, limit))
         if now - started > JOIN_TIMEOUT_S:

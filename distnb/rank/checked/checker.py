@@ -28,6 +28,7 @@ from torch._C._distributed_c10d import Store
 
 from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
+from distnb.rank import posts
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked import origin as origin_of
 from distnb.rank.checked.calls import Call, Core, local
@@ -85,7 +86,9 @@ class Checker(Groups):
         self._buckets = 0
         self.verdicts: dict[tuple[Any, ...], bool] = {}
         if self.hosts is None:
-            store.set(keys.host(rank), host_identity())
+            identity = host_identity()
+            store.set(keys.host(rank), identity)
+            posts.keep(keys.host(rank), identity)  # a peer that reads it forged asks again
 
     @property
     def run_id(self) -> int | None:

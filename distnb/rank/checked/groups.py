@@ -21,8 +21,10 @@ from torch._C._distributed_c10d import Store
 from torch.distributed import distributed_c10d as c10d
 
 from distnb import keys
+from distnb.rank import posts
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked.monitor import Wait, WaitMonitor
+from distnb.rank.signed import take_forged
 from distnb.records.beacon import WaitKind
 
 __all__ = [
@@ -155,10 +157,12 @@ class Groups:
     ) -> exchange.Board:
         if self._same_host(members):
             path = exchange.shm_path(self.session_id, f"{self.generation}-{name}")
-            spill = exchange.StoreBoard(self.store, keys.spill(self.generation, name), depth)
+            prefix = keys.spill(self.generation, name)
+            spill = exchange.StoreBoard(self.store, prefix, depth, members)
             board: exchange.Board = exchange.ShmBoard(path, rings, depth, slot, spill)
         else:
-            board = exchange.StoreBoard(self.store, keys.board(self.generation, name), depth)
+            prefix = keys.board(self.generation, name)
+            board = exchange.StoreBoard(self.store, prefix, depth, members)
         self._boards.append(board)
         return board
 
@@ -175,6 +179,8 @@ class Groups:
             next_tick = exchange.TICK_NS
             try:
                 while not self.store.check(names):
+                    # a forged identity: its rank posts it again when asked (`posts`)
+                    posts.ask_again(self.store, take_forged(self.store))
                     time.sleep(0.001)
                     elapsed = time.monotonic_ns() - t0
                     if elapsed >= next_tick:

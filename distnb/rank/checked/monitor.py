@@ -26,7 +26,9 @@ from torch._C._distributed_c10d import Store
 
 from distnb import keys, matching
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
+from distnb.rank import posts
 from distnb.rank.checked import callsite
+from distnb.rank.signed import take_forged
 from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.collective import CallSite, Fingerprint, Mismatch
 
@@ -142,6 +144,7 @@ class WaitMonitor:
         # if the control plane is gone, nobody is left to read the beacon
         with contextlib.suppress(RuntimeError):
             self.store.set(keys.beacon(self.rank), beacon.to_json())
+            posts.keep(keys.beacon(self.rank), beacon.to_json())  # asked again if forged
 
     def _waiting(self, wait: Wait, missing: Sequence[int]) -> Beacon:
         mine = self._mine = wait.fingerprint() if wait.fingerprint else None
@@ -180,10 +183,13 @@ class WaitMonitor:
     def _check_deadlock(self, wait: Wait, missing: Sequence[int]) -> None:
         __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         names = [keys.beacon(r) for r in missing]
-        if self._mine is None or not self.store.check(names):
+        if self._mine is None:
+            return
+        if not self.store.check(names):
+            posts.ask_again(self.store, take_forged(self.store))  # a forged beacon: asked again
             return
         suspects = {}
-        for raw in filter(None, self.store.multi_get(names)):  # b"": not signed by the session
+        for raw in filter(None, self.store.multi_get(names)):  # b"": forged since the check
             peer = Beacon.from_json(raw)
             if (
                 peer.state is BeaconState.DEADLOCK

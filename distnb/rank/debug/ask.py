@@ -16,6 +16,7 @@ from typing import Any
 from torch.distributed import DistStoreError
 
 from distnb import keys
+from distnb.rank import posts
 from distnb.rank.debug.stops import begin_run as begin_stops
 from distnb.rank.debug.stops import stopped
 from distnb.records.beacon import Beacon, BeaconState
@@ -89,12 +90,16 @@ class Asker:
             mesh=mesh or {},
         )
         self._beacon(BeaconState.STOPPED, site)
-        self.store.set(keys.ask(n), request.to_json())
-        self.store.set(keys.ask_count(self.rank), str(self._asked))
+        # kept, so that the kernel can ask for them again if a stranger overwrote them
+        count = str(self._asked)
+        for key, value in ((keys.ask(n), request.to_json()), (keys.ask_count(self.rank), count)):
+            self.store.set(key, value)
+            posts.keep(key, value)
         try:
             with stopped():
                 answer = self._wait(keys.answer(n))
         finally:
+            posts.drop(keys.ask(n))
             self._beacon(BeaconState.RUNNING, site)
         if answer == QUIT:
             raise Quit
@@ -123,6 +128,7 @@ class Asker:
     def _beacon(self, state: BeaconState, site: CallSite | None) -> None:
         beacon = Beacon(self.rank, state, self.run_id, site=site)
         self.store.set(keys.beacon(self.rank), beacon.to_json())
+        posts.keep(keys.beacon(self.rank), beacon.to_json())
 
 
 def _written(stream: Any) -> int:

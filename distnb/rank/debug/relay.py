@@ -11,12 +11,17 @@ Each key is read once and deleted.
 
 Each direction has a store client of its own: a client waiting for the next key holds its
 connection, which would delay the other direction's writes. No torch here: the kernel uses it.
+
+A piece a stranger overwrote (`distnb.rank.signed`) ends the connection, saying so on stderr:
+the bytes are gone, and the debug protocol cannot skip them. The kernel connects again at the
+next cell (`distnb.session.debugger.visual`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 from datetime import timedelta
 from typing import Any
@@ -69,8 +74,15 @@ class Relay:
                 if not value.startswith(_DATA):
                     break
                 self.sock.sendall(value[len(_DATA) :])
-        except (OSError, RuntimeError):
-            pass  # the socket or the store went away, or a value the session did not sign
+        except (OSError, RuntimeError) as exc:  # the socket or the store went away, or a forgery
+            if getattr(exc, "key", None) is not None:  # signed.ForgedValueError (no torch here)
+                rank = self.channel.split("-")[0]
+                print(
+                    f"distnb: the visual debugger's connection to rank {rank} ended: {exc}; "
+                    "the next cell connects again",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             self.close()
 

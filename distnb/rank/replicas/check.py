@@ -147,7 +147,7 @@ def _board(topic: str, members: Sequence[int]) -> exchange.StoreBoard:
     key = (topic, tuple(members))
     if key not in _boards:
         prefix = keys.replicas(f"{topic}/{'.'.join(map(str, members))}")
-        _boards[key] = exchange.StoreBoard(control_store(), prefix, _DEPTH)
+        _boards[key] = exchange.StoreBoard(control_store(), prefix, _DEPTH, members)
     return _boards[key]
 
 

@@ -2,6 +2,12 @@
 
 Each slot is a key (`<prefix>/<ring>/<slot>`, value = 8-byte stamp + payload); keys are reused,
 so their number is bounded.
+
+Off loopback the store is signed, and a stranger can overwrite a slot after its writer posted
+it: the writer, gone on to the collective itself, would never post it again, and its readers
+would wait for ever. So a signed board keeps what it posts (`distnb.rank.posts`), and a reader
+that finds a forged slot asks its writer to post it again; a stamp that is already older or
+newer than the one awaited reads as ever (not yet, or lapped), so a late copy is harmless.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from typing import cast
 from torch._C._distributed_c10d import Store
 
 from distnb import keys
+from distnb.rank import posts
 from distnb.rank.checked.exchange.board import LAPPED, backoff_s
+from distnb.rank.signed import SignedStore
 
 __all__ = ["StoreBoard"]
 
@@ -24,18 +32,27 @@ _WIRE_STAMP = struct.Struct("<Q")  # in store values: fixed byte order, no align
 class StoreBoard:
     """A board in the control plane's store: works across hosts, one round trip per call."""
 
-    def __init__(self, store: Store, prefix: str, depth: int) -> None:
+    def __init__(
+        self, store: Store, prefix: str, depth: int, owners: Sequence[int] | None = None
+    ) -> None:
+        """`owners[ring]` is the rank that posts on `ring` (None: ring r is rank r's)."""
         self.store = store
         self.prefix = prefix
         self.depth = depth
         # Keys seen to exist: `multi_get` blocks on a missing key, so new keys are `check`ed first.
         self.known: set[str] = set()
+        self.signed: SignedStore | None = store if isinstance(store, SignedStore) else None
+        if self.signed is not None:
+            posts.board_owners(prefix, owners)
 
     def key(self, ring: int, stamp: int) -> str:
         return keys.slot(self.prefix, ring, stamp % self.depth)
 
     def post(self, ring: int, stamp: int, payload: bytes) -> None:
-        self.store.set(self.key(ring, stamp), _raw(_WIRE_STAMP.pack(stamp) + payload))
+        key, value = self.key(ring, stamp), _WIRE_STAMP.pack(stamp) + payload
+        self.store.set(key, _raw(value))
+        if self.signed is not None:
+            posts.keep(key, value)
 
     def read(self, ring: int, stamp: int) -> bytes | None:
         return self.read_many([ring], stamp)[0]
@@ -47,6 +64,8 @@ class StoreBoard:
                 self.known.add(k)
         present = [k for k in keys if k in self.known]
         values = dict(zip(present, self.store.multi_get(present), strict=True)) if present else {}
+        if self.signed is not None and self.signed.forged:
+            posts.ask_again(self.store, self.signed.take_forged())
         out: list[bytes | None] = []
         for k in keys:
             value = values.get(k)
@@ -70,7 +89,10 @@ class StoreBoard:
         pass
 
     def retract(self, ring: int, stamp: int) -> None:
-        self.store.set(self.key(ring, stamp), _raw(_WIRE_STAMP.pack(0)))
+        key, value = self.key(ring, stamp), _WIRE_STAMP.pack(0)
+        self.store.set(key, _raw(value))
+        if self.signed is not None:
+            posts.keep(key, value)
 
     def forget(self) -> None:
         pass  # store keys are reused, not created per exchange

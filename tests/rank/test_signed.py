@@ -1,0 +1,113 @@
+"""The signed control plane against a stranger, in one process: a real TCPStore, a stranger's
+raw client, the session's signed clients, and the re-post thread (`distnb.rank.posts`)."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+from distnb import keys
+from distnb.rank import posts
+from distnb.rank.checked.exchange import StoreBoard, collect
+from distnb.rank.signed import ForgedValueError, SignedStore, take_forged
+
+SECRET = b"s" * 32
+PREFIX = "distnb-test"
+BOUND_S = 10.0  # "named rather than hanging": a re-post comes within about a second
+
+
+@pytest.fixture
+def server() -> Iterator[dist.TCPStore]:
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(30)
+    )
+    yield store
+    posts._kept.clear()
+
+
+def client(server: dist.TCPStore, timeout_s: float = 30.0) -> SignedStore:
+    raw = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    return SignedStore(dist.PrefixStore(PREFIX, raw), SECRET, timeout_s)
+
+
+def forge(server: dist.TCPStore, key: str) -> None:
+    """What a stranger does: random bytes under a key of the session."""
+    server.set(f"{PREFIX}/{key}", b"\x00not signed by the session\xff")
+
+
+def test_a_forged_value_written_once_is_named_at_once(server: dist.TCPStore) -> None:
+    store = client(server)
+    store.set(keys.host(1), "h2|boot|42")
+    forge(server, keys.host(1))
+    started = time.monotonic()
+    with pytest.raises(
+        ForgedValueError, match=r"rank 1's host identity \('check/host/1'\) was ove"
+    ):
+        store.get(keys.host(1))
+    assert time.monotonic() - started < 1.0  # at once, not the store's timeout
+    assert not store.check([keys.host(1)]) and store.multi_get([keys.host(1)]) == [b""]
+    assert take_forged(store) == [keys.host(1)] and take_forged(store) == []
+
+
+def test_a_forged_kernel_post_is_waited_through_until_the_kernel_posts_it_again(
+    server: dist.TCPStore,
+) -> None:
+    kernel, rank = client(server), client(server)
+    kernel.set(keys.RUN, keys.encode_run(7, 3, True))
+    forge(server, keys.RUN)
+    later = threading.Timer(0.3, lambda: kernel.set(keys.RUN, keys.encode_run(7, 3, True)))
+    later.start()
+    assert keys.decode_run(rank.get(keys.RUN))[:2] == (7, 3)
+    later.join()
+    forge(server, keys.RUN)  # and never posted again: named after the store's timeout
+    with pytest.raises(ForgedValueError, match=r"no valid copy came within 0\.5 s"):
+        client(server, timeout_s=0.5).get(keys.RUN)
+
+
+def test_a_forged_slot_is_posted_again_by_its_writer_while_the_reader_waits(
+    server: dist.TCPStore, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 posts its fingerprint and goes on (into the collective): a stranger overwrites
+    the slot; rank 0, still waiting, asks, and rank 1's re-post thread posts it again."""
+    writer, reader = client(server), client(server)
+    reposter = posts.Reposter(1, lambda: client(server))
+    reposter.start()
+    try:
+        mine = StoreBoard(writer, keys.board("1", "c-0"), 2, owners=(0, 1))
+        theirs = StoreBoard(reader, keys.board("1", "c-0"), 2, owners=(0, 1))
+        mine.post(1, 1, b"F-rank-1")
+        forge(server, mine.key(1, 1))
+        started = time.monotonic()
+        assert collect(theirs, [1], 1, lambda *_: None) == [b"F-rank-1"]
+        assert time.monotonic() - started < BOUND_S
+    finally:
+        reposter.stop(writer)
+    said = capfd.readouterr().err
+    assert "the fingerprint that member 1 of process group 0 posted" in said
+    assert "rank 1 was asked to post it again" in said
+
+
+def test_a_stranger_s_request_to_post_again_is_not_obeyed(server: dist.TCPStore) -> None:
+    writer = client(server)
+    reposter = posts.Reposter(0, lambda: client(server))
+    reposter.start()
+    try:
+        writer.set(keys.host(0), "mine")
+        posts.keep(keys.host(0), "mine")
+        forge(server, keys.repost(0))  # not signed: passed over
+        time.sleep(0.2)
+        assert reposter._thread.is_alive()
+        forge(server, keys.host(0))
+        posts.ask_again(writer, [keys.host(0)], "rank 1")
+        deadline = time.monotonic() + BOUND_S
+        while not writer.check([keys.host(0)]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writer.get(keys.host(0)) == b"mine"
+    finally:
+        reposter.stop(writer)
+    assert not reposter._thread.is_alive()
