@@ -6,7 +6,8 @@ namespace, `shutdown()` before the engines stop; between cells it asks for what 
 (`scan`, `overflow_*`, `events`, `last_mismatch`, `clock_ns`). `init` binds the engine's IPython
 shell (`distnb.rank.shell`: the rank's names, the kernel's cell numbers, the hooks around each
 cell) and starts the threads that answer the kernel's requests for the rank's live stack
-(`distnb.rank.stacks`) and post again what a stranger overwrote (`distnb.rank.posts`).
+(`distnb.rank.stacks`), post again what a stranger overwrote (`distnb.rank.posts`) and end the
+rank once its kernel is gone (`distnb.rank.lifeline`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from distnb import keys
 from distnb.errors import SessionError
 from distnb.rank import checked, fresh, posts, shell
+from distnb.rank.lifeline import Lifeline
 from distnb.rank.signed import SignedStore
 from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
@@ -46,6 +48,7 @@ class _Runtime:
     device: torch.device
     stacks: StackServer
     world: World
+    lifeline: Lifeline
     reposter: posts.Reposter | None  # off loopback only: there values can be forged
     hooks: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -77,6 +80,9 @@ def init(spec: RankSpec) -> RankInfo:
     global _runtime
     if _runtime is not None:
         shutdown()
+    # First: a rank whose kernel goes away while it joins (or in any cell after) ends itself.
+    lifeline = Lifeline(spec.rank, (spec.store_host, spec.store_port))
+    lifeline.start()
     store = connect(spec)
     reposter = posts.Reposter(spec.rank, partial(connect, spec)) if spec.secret else None
     if reposter is not None:
@@ -87,7 +93,7 @@ def init(spec: RankSpec) -> RankInfo:
     world = World(spec, store, device)
     world.create()
     stacks = StackServer(spec.rank, partial(connect, spec))
-    _runtime = _Runtime(spec, store, device, stacks, world, reposter)
+    _runtime = _Runtime(spec, store, device, stacks, world, lifeline, reposter)
     if spec.check:
         _install_checks(spec, store)
     world.hook()
@@ -248,6 +254,7 @@ def shutdown() -> None:
     _runtime.stacks.stop(_runtime.store)
     if _runtime.reposter is not None:
         _runtime.reposter.stop(_runtime.store)
+    _runtime.lifeline.stop()
     _runtime.world.destroy()
     _restore_environment()
     _runtime = None

@@ -1,0 +1,99 @@
+"""A rank's lifeline to its kernel: a thread that ends the rank's engine once the kernel's
+control plane is gone.
+
+Processes on other hosts cannot be reaped from the kernel's machine: a rank whose kernel died,
+or whose host was cut off (and then stopped without it), must end by itself. ipyparallel's own
+watch (the engine's heartbeat check) runs on the engine's event loop, which a running cell
+blocks: a rank in `time.sleep`, a training loop or a collective outlived its session by the
+cell's length, and an endless loop for ever. So a thread of its own, started when the engine
+becomes a rank, opens a TCP connection to the control plane's port every `PROBE_S` and closes
+it (a plain connection, with a timeout: a call to the store on a cut link blocks for minutes,
+measured here). When none has succeeded for `SILENCE_S`, or the port refuses twice in a row (the
+kernel's process, which holds the store, is gone, or its session stopped), it ends the rank: a
+line in the engine's log, then SIGKILL to every process below the engine (its nanny, what the
+cell started) and to the engine itself.
+
+The kernel's store answers from a native thread, so a kernel busy in a long cell, or waiting for
+the user at a debugger prompt, keeps its ranks alive. A rank on a host cut off ends within
+`BOUND_S` of the cut (`SILENCE_S`, plus a probe's period and its connect timeout); the
+controller names it lost after 3 s of heartbeat silence, long before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+
+__all__ = ["BOUND_S", "CONNECT_S", "PROBE_S", "SILENCE_S", "Lifeline", "end_engine"]
+
+PROBE_S = 1.0
+CONNECT_S = 2.0
+SILENCE_S = 15.0
+REFUSED = 2  # refusals in a row that mean the port is closed for good
+BOUND_S = SILENCE_S + PROBE_S + CONNECT_S  # what the stop's warning and the README promise
+
+
+def end_engine(reason: str) -> None:
+    """Say why in the engine's log (fd 2), then SIGKILL every process below this one and this
+    one: the engine, its nanny (a child in a session of its own) and what its cells started."""
+    with contextlib.suppress(OSError):
+        os.write(
+            2, f"distnb: {reason}: ending this engine, its nanny and their children\n".encode()
+        )
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Lifeline:
+    """Watches `address` (the control plane's host and port) from a thread of its own and
+    calls `end(reason)` once it is gone (see the module)."""
+
+    def __init__(
+        self,
+        rank: int,
+        address: tuple[str, int],
+        end: Callable[[str], None] = end_engine,
+        silence_s: float = SILENCE_S,
+    ) -> None:
+        self.rank, self.address, self._end, self.silence_s = rank, address, end, silence_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="distnb-lifeline", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=CONNECT_S + 1)
+
+    def _watch(self) -> None:
+        heard, refused = time.monotonic(), 0
+        while not self._stopped.wait(PROBE_S):
+            try:
+                socket.create_connection(self.address, timeout=CONNECT_S).close()
+                heard, refused = time.monotonic(), 0
+                continue
+            except ConnectionRefusedError:
+                refused += 1
+            except OSError:  # unreachable, timed out: silence, which may end
+                refused = 0
+            silent = time.monotonic() - heard
+            if refused >= REFUSED or silent >= self.silence_s:
+                break
+        else:
+            return  # stopped: the rank shut down
+        host, port = self.address
+        why = f"has not answered for {silent:.0f} s"
+        if refused >= REFUSED:
+            why = "refuses connections"
+        self._end(f"rank {self.rank}: the kernel's control plane at {host}:{port} {why}")
