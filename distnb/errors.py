@@ -18,7 +18,7 @@
                                           rank was (not a DistnbError: `except Exception`
                                           must not swallow an interrupt)
 
-    DistnbWarning (UserWarning)
+    DistnbWarning (UserWarning)      raised with `warn`, at the user's line, not distnb's
 
 IPython renders what distnb raises in the kernel as its message, not as a traceback of distnb's
 own frames (`_render_traceback_`, which IPython and ipykernel call instead of formatting one):
@@ -31,7 +31,10 @@ kernel, so `except distnb.errors.CollectiveMismatchError` works on both sides.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +61,7 @@ __all__ = [
     "RankTimeoutError",
     "ReplicasDivergedError",
     "SessionError",
+    "warn",
 ]
 
 TRACEBACK_LIMIT = 4
@@ -77,6 +81,31 @@ class _OneMessage:
 
 class DistnbWarning(UserWarning):
     """Warnings from distnb (for example fp16 headroom running low)."""
+
+
+def warn(message: str, category: type[Warning] = DistnbWarning) -> None:
+    """`warnings.warn` at the first frame outside distnb and IPython: the user's cell or script
+    (`%dist_stop` in cell 7), not the line deep inside distnb that noticed.
+
+    A warning's location is what Python prints before it, and what filters match; a distnb
+    line there says nothing to the user. (Python 3.12's `skip_file_prefixes` does the same.)
+    """
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and _inside(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def _inside(filename: str) -> bool:
+    """Whether a frame's file is distnb's or IPython's own (magics run under IPython's)."""
+    ipython = getattr(sys.modules.get("IPython"), "__file__", None)
+    folders = [_DISTNB, *([os.path.dirname(ipython)] if ipython else [])]
+    return filename.startswith("<decorator-gen") or any(
+        filename.startswith(folder + os.sep) for folder in folders
+    )
+
+
+_DISTNB = os.path.dirname(os.path.abspath(__file__))
 
 
 class ConfigError(_OneMessage, DistnbError, ValueError):

@@ -80,13 +80,12 @@ class DistMagics(Magics):
 
     @line_magic
     def dist_stop(self, line: str) -> None:
-        """Stop the ranks and the controller."""
+        """Stop the ranks and the controller; say what was stopped and what was not reached."""
         if self.session is None or not self.session.running:
             print("distnb: no cluster was running")
             return
-        ranks, processes = len(self.session.ranks), len(self.session.pids())
-        self.session.stop()
-        print(f"distnb: stopped {ranks} ranks and the controller ({processes} processes)")
+        report = self.session.stop()
+        print("\n".join(f"distnb: {line}" for line in str(report).splitlines()))
 
     @magic_arguments()
     @argument("rank", nargs="?", type=str, default=None, help="the rank (default: first failed)")
@@ -119,7 +118,10 @@ class DistMagics(Magics):
         """Stop, then start again with the same arguments."""
         if self.session is None:
             raise UsageError("nothing to restart: start a cluster with %dist_start")
-        return self.session.restart().status()
+        session = self.session.restart()
+        if session.last_stop is not None and session.last_stop.not_reached:
+            print("\n".join(f"distnb: {line}" for line in str(session.last_stop).splitlines()))
+        return session.status()
 
     @magic_arguments()
     @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")

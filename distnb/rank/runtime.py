@@ -32,7 +32,7 @@ from distnb.rank.signed import SignedStore
 from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
 from distnb.rank.world import World
-from distnb.records.cell import EngineProbe, RankInfo, RankSpec
+from distnb.records.cell import LAUNCHED_ON_VAR, EngineProbe, RankInfo, RankSpec
 from distnb.records.collective import CollectiveEvent, Mismatch
 from distnb.records.overflow import RankOverflowReport
 from distnb.records.shapes import ShapeScan
@@ -109,6 +109,7 @@ def init(spec: RankSpec) -> RankInfo:
         device=str(device),
         backend=spec.backend,
         address=address,
+        launched_on=os.environ.get(LAUNCHED_ON_VAR, ""),
     )
 
 

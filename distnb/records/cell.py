@@ -16,6 +16,10 @@ import socket
 from dataclasses import dataclass
 from enum import Enum
 
+# Set in an engine's environment by launchers that name its host (ssh: the host as the user
+# gave it), so that a stop can say which ranks a silent host held.
+LAUNCHED_ON_VAR = "DISTNB_LAUNCHED_ON"
+
 
 @dataclass(frozen=True, slots=True)
 class RankInfo:
@@ -29,6 +33,7 @@ class RankInfo:
     device: str
     backend: str
     address: str = ""  # where the rank reaches the control plane from (its host's address)
+    launched_on: str = ""  # the host its launcher named (ssh: as given in `hosts`), if any
 
     @property
     def here(self) -> bool:

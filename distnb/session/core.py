@@ -25,6 +25,8 @@ from distnb.records.cell import RankFailure, RankInfo
 from distnb.session import automode, data, inspection, replicas, status
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
+from distnb.session.cluster.launch import Ended
+from distnb.session.cluster.stopped import StopReport, stop_report
 from distnb.session.control import ControlPlane, boards_pattern
 from distnb.session.joining import join
 from distnb.session.options import Options, check_timeout
@@ -53,6 +55,7 @@ class Session:
         self._runs = 0  # runs so far: the last one's run id
         self.pdb = False  # open the debugger on the first failing rank when a run fails
         self._failed: RankError | None = None  # the last run's error, while ranks keep it
+        self.last_stop: StopReport | None = None  # what the last `restart` stopped
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -91,15 +94,23 @@ class Session:
         _live.add(self)
         return self
 
-    def stop(self) -> None:
-        """Stop every rank, the controller and the control plane; leave no process behind."""
-        self._teardown()
+    def stop(self) -> StopReport:
+        """Stop every rank, the controller and the control plane; leave no process behind.
+
+        Returns what was stopped, host by host, and the ranks on hosts that did not answer
+        (which end by themselves); such a host is also named in a `DistnbWarning`."""
+        ranks = self.ranks
+        ended = self._teardown()
         self.ranks, self._broken = (), ""  # a new cluster starts whole (start may run cells)
         _live.discard(self)
+        if ended is None:
+            return stop_report((), (), 0)
+        return stop_report(ranks, ended.silent, ended.processes, ended.left)
 
-    def _teardown(self) -> None:
+    def _teardown(self) -> Ended | None:
+        ended = None
         if self._cluster is not None:
-            self._cluster.stop()
+            ended = self._cluster.stop()
             self._cluster = None
         if self._control is not None:
             from distnb.rank.checked.exchange import cleanup
@@ -107,10 +118,12 @@ class Session:
             cleanup(self._control.session_id)  # shared-memory boards of crashed ranks
             self._control.close()
             self._control = None
+        return ended
 
     def restart(self) -> Session:
-        """Stop, then start again with the same options (the fix after a rank died or hung)."""
-        self.stop()
+        """Stop, then start again with the same options (the fix after a rank died or hung);
+        what the stop did is on `last_stop`."""
+        self.last_stop = self.stop()
         return self.start()
 
     def __enter__(self) -> Session:

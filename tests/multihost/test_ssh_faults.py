@@ -1,11 +1,9 @@
 """Faults across hosts: a rank on another host killed, or its host cut off, mid-cell; the
-stop with a host gone; what ran there ends by itself."""
+stop with a host gone, and what it says. What ran there ends by itself: test_lifeline."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +14,7 @@ from distnb.errors import DistnbWarning, RankDiedError, SessionError
 from distnb.session import Session
 from distnb.session.cluster.members import LEFT_CLUSTER
 from distnb.session.joining import CONNECT_S
-from tests.conftest import NAMED_S, running
+from tests.conftest import NAMED_S
 from tests.multihost.conftest import engines_on, start_on
 from tests.multihost.hosts import Host, Lan, missing
 
@@ -68,13 +66,16 @@ def test_a_rank_lost_on_another_host_mid_cell_is_named_with_its_host(lan: Lan, f
     try:
         lose_rank_1(s, h3, fault)
         if fault == "killed":
-            s.stop()
+            report = s.stop()
+            assert report.stopped == (0, 1) and report.not_reached == ()
         else:
             with pytest.warns(DistnbWarning, match=f"{h3.addr} did not answer the stop"):
-                s.stop()
+                report = s.stop()
+            assert report.stopped == (0,) and report.not_reached == (1,)
+            assert f"not reached: rank 1 on h3 ({h3.addr})" in str(report)
     finally:
         h3.link(up=True)
-    # what ran on the cut-off host ends by itself once its controller is gone (its heartbeat)
+    # what ran on the cut-off host ends by itself (its lifeline: tests/multihost/test_lifeline)
     assert gone_within(h3, 60) and gone_within(h2, 5)
 
 
@@ -84,41 +85,14 @@ def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(lan: Lan) -> None:
     h2.link(up=False)
     try:
         started = time.monotonic()
-        with pytest.warns(DistnbWarning, match=f"{h2.addr} did not answer the stop"):
-            s.stop()
+        with pytest.warns(DistnbWarning, match=f"{h2.addr} did not answer the stop") as said:
+            report = s.stop()
         assert time.monotonic() - started < STOP_BOUND_S
+        assert [w.filename for w in said] == [__file__]  # the caller's line, not distnb's
+        assert report.stopped == () and report.not_reached == (0,)
+        assert str(report).startswith("stopped no rank and the controller")
     finally:
         h2.link(up=True)
-
-
-KERNEL = """
-import json, sys, time
-import distnb
-hosts, host, ssh_args = json.loads(sys.argv[1])
-s = distnb.start(hosts=hosts, host=host, ssh_args=ssh_args, progress=False)
-print(json.dumps(s.pids()), flush=True)
-time.sleep(600)
-"""
-
-
-def test_a_killed_kernel_leaves_nothing_on_either_host(lan: Lan) -> None:
-    h2 = lan.hosts[0]
-    args = json.dumps([{h2.addr: 2}, lan.kernel_addr, lan.ssh_args])
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL, args], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert kernel.stdout is not None
-        local = json.loads(kernel.stdout.readline())
-        assert engines_on(h2) == 2
-    finally:
-        kernel.kill()
-        kernel.wait()
-    deadline = time.monotonic() + NAMED_S
-    while running(local) and time.monotonic() < deadline:  # the reaper, here
-        time.sleep(0.1)
-    assert not running(local)
-    assert gone_within(h2, 60)  # there: the engines, once the controller's heartbeat stops
 
 
 def test_hosts_that_cannot_reach_each_other_are_named_at_start(lan: Lan) -> None:

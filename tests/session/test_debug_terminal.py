@@ -28,7 +28,7 @@ def ipython() -> Iterator[Any]:
     yield child
     if child.isalive():
         child.sendline("%dist_stop")
-        child.expect("stopped 2 ranks and the controller")
+        child.expect(r"stopped ranks 0-1 on \S+ and the controller")
         child.sendline("exit")
         child.expect(pexpect.EOF)
     child.close(force=True)

@@ -87,8 +87,11 @@ def test_local_ranks_from_an_allocations_login_shell_are_questioned(
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[1-2]")
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
-    with pytest.warns(DistnbWarning, match=r"allocation 12 but not on its nodes \(gpu\[1-2\]\)"):
-        Local(2, "gloo")
+    with pytest.warns(
+        DistnbWarning, match=r"allocation 12 but not on its nodes \(gpu\[1-2\]\)"
+    ) as said:
+        engine_kind("local", **KIND)  # the warning is raised deep inside distnb
+    assert [w.filename for w in said] == [__file__]  # but points at the caller's line
     monkeypatch.setenv("SLURMD_NODENAME", "gpu1")  # a kernel on a node of it: its own GPUs
     with warnings.catch_warnings():
         warnings.simplefilter("error")

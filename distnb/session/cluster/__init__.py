@@ -6,7 +6,8 @@
 - `members`: every process the cluster started, its role, whether it died and how;
 - `processes`: reads and signals of processes (psutil, pidfds);
 - `deaths`: what a death means, in words (the session's reason, a rank's death report);
-- `oom`: whether the OOM killer did it.
+- `oom`: whether the OOM killer did it;
+- `stopped`: what a stop ended, host by host, and what it could not reach.
 
 Only this package (and the cell runs, which drive `AsyncResult`s) talks to ipyparallel.
 """

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from typing import Any
 
-from distnb.errors import ConfigError, DistnbWarning
+from distnb.errors import ConfigError, warn
 
 __all__ = ["DEFAULT_CPU_RANKS", "EngineKind", "Launcher", "Local", "Mpi", "engine_command"]
 
@@ -94,13 +93,11 @@ class Local(EngineKind):
     def __init__(self, n: int | None, backend: str) -> None:
         allocation = os.environ.get("SLURM_JOB_ID", "")
         if allocation and not os.environ.get("SLURMD_NODENAME"):
-            warnings.warn(  # `salloc` on a login node: its shell runs here, not on the nodes
+            warn(  # `salloc` on a login node: its shell runs here, not on the nodes
                 f"this kernel runs inside Slurm allocation {allocation} but not on its "
                 f"nodes ({os.environ.get('SLURM_JOB_NODELIST', '?')}): these ranks start on "
                 "this machine; --engines slurm --host ADDRESS starts them on the allocation's "
-                "nodes",
-                DistnbWarning,
-                stacklevel=5,
+                "nodes"
             )
         # Asking torch costs its import (~1 s): only when the answer matters before launching.
         self._gpus = _local_cuda_devices() if n is None or backend == "nccl" else None

@@ -3,7 +3,9 @@
 distnb owns its processes: a reaper is armed before the first launch, every process the cluster
 starts carries its mark and is recorded with its role (`members.Members`), and `stop()` kills
 every recorded pid, so nothing is left behind, even where ipyparallel's engine nannies would
-linger for seconds. What differs between launchers is the engine kind's (`engines.EngineKind`).
+linger for seconds. The commands a launcher runs here to reach other hosts (ssh, scp: its
+waits for each remote engine among them) carry the mark too, so a dead kernel's reaper ends
+them at once. What differs between launchers is the engine kind's (`engines.EngineKind`).
 """
 
 from __future__ import annotations
@@ -16,19 +18,20 @@ import shutil
 import signal
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-from distnb.errors import DistnbWarning
+from distnb.errors import warn
 from distnb.reaper import MARK_VAR, Reaper, marked
 from distnb.session.cluster import processes
 from distnb.session.cluster.engines import EngineKind
 from distnb.session.cluster.members import Member, Members, describe
+from distnb.session.cluster.stopped import LIFELINE_BOUND_S
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "Ended"]
 
 # Controller settings that matter for an interactive tool: threads instead of 6 forked
 # scheduler processes (~230 MB less); a 100 ms heartbeat, because registration waits for the
@@ -36,6 +39,17 @@ __all__ = ["Cluster"]
 CONTROLLER_ARGS = ["--IPController.use_threads=True", "--HeartMonitor.period=100"]
 _TRACK_EVERY_S = 0.5  # while engines register: look for the processes they start
 _CONNECT_S = 1.0  # a slice of the wait for the controller's first answer
+_LOCAL_COMMANDS = ("ssh_cmd", "scp_cmd")  # a launcher's commands that run on this machine
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What `Cluster.stop` did: processes of this machine ended, any still alive, and the
+    hosts (as the engine kind names them) that did not answer."""
+
+    processes: int
+    left: tuple[int, ...]
+    silent: tuple[str, ...]
 
 
 class Cluster:
@@ -90,6 +104,9 @@ class Cluster:
         self.members.track()
         environment = {**self.kind.environment(self.n), MARK_VAR: self.mark}
         settings = self.kind.launcher_settings()
+        for name in _LOCAL_COMMANDS:
+            if name in settings:  # `env` passes the mark to the command it runs
+                settings[name] = ["env", f"{MARK_VAR}={self.mark}", *settings[name]]
         self.ipp.start_engines_sync(self.n, environment=environment, **settings)
         self.members.track()
         for engine_set in self.ipp.engines.values():
@@ -179,8 +196,9 @@ class Cluster:
         if self.client is not None and engine_ids:
             self.client.send_signal(sig, targets=engine_ids, block=False)
 
-    def stop(self, timeout: float = 2.0) -> list[int]:
-        """Kill every recorded process and wait until each is gone; return any that is not.
+    def stop(self, timeout: float = 2.0) -> Ended:
+        """Kill every recorded process and wait until each is gone; say what was ended, what
+        is not, and which hosts did not answer.
 
         SIGKILL, not a polite SIGTERM: nothing in a rank is worth saving at stop, and the
         engines' and controller's graceful shutdowns take ~2 s, nannies longer. Processes
@@ -214,13 +232,12 @@ class Cluster:
         self.members.close()
         self._reaper.close()
         if silent:  # last: a warning made an error must not leave anything running
-            warnings.warn(
+            warn(
                 f"{', '.join(silent)} did not answer the stop: the ranks there end by themselves "
-                "once their controller's heartbeat stops (about 30 s)",
-                DistnbWarning,
-                stacklevel=4,
+                f"within {LIFELINE_BOUND_S:.0f} s of losing the kernel"
             )
-        return [p.pid for p in alive]
+        left = tuple(p.pid for p in alive)
+        return Ended(len(procs) - len(left), left, tuple(silent))
 
 
 def _registered(on_progress: Callable[[str, int], None], ids: list[int], queued: str = "") -> None:

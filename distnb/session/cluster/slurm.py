@@ -23,12 +23,12 @@ import os
 import shlex
 import subprocess
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from distnb.errors import ConfigError, DistnbWarning
+from distnb.errors import ConfigError, warn
 from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, EngineKind, engine_command
+from distnb.session.cluster.stopped import LIFELINE_BOUND_S
 from distnb.session.control import is_loopback
 
 __all__ = ["Slurm", "allocation", "parse_args", "shared_folder", "waiting"]
@@ -137,11 +137,9 @@ def _engine_set() -> type:
                 return super().stop()
             except RuntimeError as exc:
                 if not any(word in str(exc) for word in _GONE):
-                    warnings.warn(
+                    warn(
                         f"Slurm job {self.job_id} was not cancelled: {exc}. Its ranks end by "
-                        "themselves once their controller's heartbeat stops (about 30 s).",
-                        DistnbWarning,
-                        stacklevel=2,
+                        f"themselves within {LIFELINE_BOUND_S:.0f} s of losing the kernel."
                     )
                 return ""
 

@@ -10,7 +10,8 @@ for minutes, deaf to Ctrl-C. Here one ssh per host ends every engine of this clu
 (SIGKILL to each engine's session: its nanny and children too) and removes the profile copy;
 the hosts are asked in parallel, each within `timeout` seconds, and a host that does not answer
 is named. ipyparallel's waits and its stop at exit are turned off for these engines: they are
-ended here.
+ended here. Each engine learns the host it was launched on as the user named it
+(`LAUNCHED_ON_VAR`), so that a stop can say which ranks a host that did not answer holds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from distnb.errors import ConfigError
+from distnb.records.cell import LAUNCHED_ON_VAR
 from distnb.session.cluster.engines import EngineKind, engine_command
 from distnb.session.control import is_loopback
 
@@ -33,6 +35,8 @@ Hosts = tuple[tuple[str, int], ...]  # (host, ranks there), in order
 # After the user's own ssh arguments (ssh keeps an option's first value): a connection whose
 # peer went silent ends within ~6 s instead of when TCP gives up (minutes).
 SSH_OPTIONS = ("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3")
+
+_ASK_AGAIN_S = 10.0  # between ipyparallel's waits for an engine on a host that did not answer
 
 # What runs on the host: SIGKILL to the session of each pid (an engine leads its own).
 _KILL = (
@@ -94,6 +98,9 @@ class Ssh(EngineKind):
             "engine_cmd": engine_command(self.python),
             "ssh_args": list(self.ssh_args),
             "scp_args": list(self.ssh_args),
+            # named, so that the cluster can mark them (`launch.Cluster.launch`)
+            "ssh_cmd": ["ssh"],
+            "scp_cmd": ["scp"],
         }
 
     def stop(self, ipp_cluster: Any) -> list[str]:
@@ -135,12 +142,22 @@ def _engine_set() -> type:
     from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
     class Engine(SSHEngineLauncher):  # type: ignore[misc]
+        def get_env(self) -> dict[str, str]:
+            return {**super().get_env(), LAUNCHED_ON_VAR: str(self.location)}
+
         def wait_one(self, timeout: float) -> int:
             try:
                 return int(super().wait_one(timeout))
-            except Exception:
+            except subprocess.CalledProcessError:
                 if self._stop_waiting.is_set():
                     return -1  # ended by `stop`, which says so if it could not
+                # The host did not answer (a cut link: the controller names the rank lost):
+                # ask again in a while, quietly, instead of a traceback from this thread.
+                self._stop_waiting.wait(_ASK_AGAIN_S)
+                raise TimeoutError("the host did not answer") from None
+            except Exception:
+                if self._stop_waiting.is_set():
+                    return -1
                 raise
 
     class EngineSet(SSHEngineSetLauncher):  # type: ignore[misc]
