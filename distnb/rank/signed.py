@@ -157,7 +157,9 @@ class SignedStore(dist.Store):
             self._inner.wait(names)
         else:
             self._inner.wait(names, timeout)
-        limit = timeout.total_seconds() if timeout is not None else self._timeout_s
+        # A forged value waits for the kernel's copy no longer than the store's own timeout,
+        # however long the wait for the key itself may be (a thread's wait for ever).
+        limit = min(timeout.total_seconds(), self._timeout_s) if timeout else self._timeout_s
         for key in names:
             self._valid(key, limit)
 

@@ -13,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from distnb import keys
+from distnb.rank.debug import relay
 from distnb.rank.debug.relay import Relay
 from distnb.rank.signed import SignedStore
 
@@ -93,4 +94,29 @@ def test_a_strangers_key_is_not_delivered(server: dist.TCPStore) -> None:
     ours.sendall(b"genuine")  # the kernel's piece 0 replaces the forged one
     adapter_end.settimeout(10)
     assert read(adapter_end, 7) == b"genuine"
+    ours.close()
+
+
+def test_a_piece_overwritten_after_it_was_sent_ends_the_connection_saying_so(
+    server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The genuine piece is gone: the relay ends (the next cell connects again) instead of
+    waiting for ever for a piece nobody will send again."""
+    monkeypatch.setattr(relay, "GRACE_S", 0.5)
+    ours, theirs = socket.socketpair()
+    Relay(theirs, "1-ab", "rank", (client(server), client(server)))
+    ours.sendall(b"genuine")  # piece 0 towards the rank, which does not read it yet
+    key = "s/" + keys.dap("1-ab", "rank", 0)
+    raw = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    while not raw.check([key]):
+        threading.Event().wait(0.01)
+    raw.set(key, b"d" * 40 + b"forged")  # a stranger writes over it before the rank reads it
+    rank_end, adapter_end = adapter()
+    rank = Relay(rank_end, "1-ab", "kernel", (client(server), client(server)))
+    assert rank.ended.wait(10)
+    adapter_end.settimeout(10)
+    assert adapter_end.recv(10) == b""  # nothing forged reached the adapter
+    said = capfd.readouterr().err
+    assert "the visual debugger's connection to rank 1 ended" in said
+    assert "a piece of the visual debugger's connection" in said and "next cell" in said
     ours.close()
