@@ -70,10 +70,10 @@ def writer_of(key: str) -> int | None:
     return int(ring) if owners is None else owners[int(ring)]
 
 
-def ask_again(store: Any, forged: Iterable[str], reader: str = "") -> list[str]:
+def ask_again(store: Any, forged: Iterable[str], reader: str = "", gone: bool = False) -> list[str]:
     """Ask the writer of each key in `forged` to post it again (see the module); `reader`
-    ("the kernel"; this rank by default) says who read it, in the message. Returns the keys
-    asked for now."""
+    ("the kernel"; this rank by default) says who read it, in the message; `gone`: the keys
+    were deleted rather than overwritten. Returns the keys asked for now."""
     reader = reader or _me[0]
     now = time.monotonic()
     asked = []
@@ -87,13 +87,20 @@ def ask_again(store: Any, forged: Iterable[str], reader: str = "") -> list[str]:
             store.set(keys.repost(owner), key)
         if now - _told.get(key, -_TELL_EVERY_S) >= _TELL_EVERY_S:
             _told[key] = now
+            what = gone_message(key) if gone else f"{forged_message(key)}; nothing was read from it"
             print(
-                f"distnb: {reader}: {forged_message(key)}; nothing was read from it, and rank "
-                f"{owner} was asked to post it again",
+                f"distnb: {reader}: {what}, and rank {owner} was asked to post it again",
                 file=sys.stderr,
                 flush=True,
             )
     return asked
+
+
+def gone_message(key: str) -> str:
+    return (
+        f"the control plane's value for {keys.role(key)} ({key!r}) is gone (deleted by "
+        "something that reached the store?)"
+    )
 
 
 class Reposter:

@@ -102,5 +102,6 @@ class StackServer:
                 return
             reply, stack = keys.stack_reply(rank, self._next), main_stack()
             store.set(reply, stack)
+            posts.drop(keys.stack_reply(rank, self._next - 1))  # the kernel asks for the last
             posts.keep(reply, stack)
             self._next += 1

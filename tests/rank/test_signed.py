@@ -31,7 +31,8 @@ def server() -> Iterator[dist.TCPStore]:
 
 
 def client(server: dist.TCPStore, timeout_s: float = 30.0) -> SignedStore:
-    raw = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    raw = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
     return SignedStore(dist.PrefixStore(PREFIX, raw), SECRET, timeout_s)
 
 
@@ -90,6 +91,27 @@ def test_a_forged_slot_is_posted_again_by_its_writer_while_the_reader_waits(
     said = capfd.readouterr().err
     assert "the fingerprint that member 1 of process group 0 posted" in said
     assert "rank 1 was asked to post it again" in said
+
+
+def test_a_slot_deleted_after_it_was_seen_is_asked_for_again(
+    server: dist.TCPStore, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A missing key makes the store's `multi_get` wait out its timeout (1 s here, 30 s on
+    ranks); the reader then asks the writer, as for a forged slot."""
+    writer, reader = client(server), client(server, timeout_s=1.0)
+    reposter = posts.Reposter(1, lambda: client(server))
+    reposter.start()
+    try:
+        mine = StoreBoard(writer, keys.board("2", "c-0"), 2, owners=(0, 1))
+        theirs = StoreBoard(reader, keys.board("2", "c-0"), 2, owners=(0, 1))
+        mine.post(1, 1, b"F-one")
+        assert theirs.read(1, 1) == b"F-one"  # the slot's key is known to exist from now on
+        mine.post(1, 3, b"F-three")
+        server.delete_key(f"{PREFIX}/{mine.key(1, 3)}")
+        assert collect(theirs, [1], 3, lambda *_: None) == [b"F-three"]
+    finally:
+        reposter.stop(writer)
+    assert "is gone (deleted by something that reached the store?)" in capfd.readouterr().err
 
 
 def test_a_stranger_s_request_to_post_again_is_not_obeyed(server: dist.TCPStore) -> None:

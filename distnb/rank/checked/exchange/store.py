@@ -7,7 +7,9 @@ Off loopback the store is signed, and a stranger can overwrite a slot after its 
 it: the writer, gone on to the collective itself, would never post it again, and its readers
 would wait for ever. So a signed board keeps what it posts (`distnb.rank.posts`), and a reader
 that finds a forged slot asks its writer to post it again; a stamp that is already older or
-newer than the one awaited reads as ever (not yet, or lapped), so a late copy is harmless.
+newer than the one awaited reads as ever (not yet, or lapped), so a late copy is harmless. A
+slot seen before and deleted since (`multi_get` waits for a missing key until the store's
+timeout) is looked for again, and its writer asked for it the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from torch._C._distributed_c10d import Store
+from torch.distributed import DistStoreError
 
 from distnb import keys
 from distnb.rank import posts
@@ -63,7 +66,7 @@ class StoreBoard:
             if k not in self.known and self.store.check([k]):
                 self.known.add(k)
         present = [k for k in keys if k in self.known]
-        values = dict(zip(present, self.store.multi_get(present), strict=True)) if present else {}
+        values = self._values(present) if present else {}
         if self.signed is not None and self.signed.forged:
             posts.ask_again(self.store, self.signed.take_forged())
         out: list[bytes | None] = []
@@ -77,6 +80,15 @@ class StoreBoard:
                 value[_WIRE_STAMP.size :] if got == stamp else LAPPED if got > stamp else None
             )
         return out
+
+    def _values(self, present: list[str]) -> dict[str, bytes]:
+        try:
+            return dict(zip(present, self.store.multi_get(present), strict=True))
+        except DistStoreError:  # a slot seen before is gone: something else deleted it
+            self.known.difference_update(present)
+            if self.signed is not None:
+                posts.ask_again(self.store, present, gone=True)
+            return {}
 
     def block(self, ring: int, stamp: int, timeout_ns: int, attempt: int) -> None:
         """Sleep a little before the next poll: each poll is a round trip to the store."""
