@@ -1,7 +1,7 @@
-"""Ranks on two hosts over ssh and Slurm: distnb's start against ipyparallel's own, and the
-check's cost.
+"""Ranks on two hosts over ssh and Slurm: distnb's start against ipyparallel's own, the
+check's cost, and what a stranger writing over the control plane's keys costs a cell.
 
-    sudo python bench/bench_hosts.py [--repeats 5]
+    sudo python bench/bench_hosts.py [--repeats 5] [--parts start cost stranger lifeline slurm]
 
 Needs root (it makes the rehearsal hosts of `tests/multihost/hosts.py`: two hosts behind a
 router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd), and
@@ -18,16 +18,26 @@ first host, a slurmd on each).
   paired by repeat.
 - cost: an 8-element all_reduce between the hosts (fingerprints through the store, signed),
   checked against unchecked, in rounds that alternate.
+- stranger: a cell of 20 checked all_reduces across the hosts, 0.1 s apart, while something on
+  the network overwrites every key of the session with random bytes every few milliseconds
+  for the cell's first 2 s (`tests/multihost/stranger.py`), against the same cell left alone,
+  in rounds that alternate: what re-posting forged values costs (`distnb.rank.posts`).
+- lifeline: one rank on the first host and three on the second, which sleep, spin in Python
+  and wait in a collective when the second host's link goes down, and stays down: the time
+  from the cut until that host runs no engine or nanny (`distnb.rank.lifeline`), once per
+  repeat, each with a session of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,12 +47,24 @@ sys.path.insert(0, ROOT)
 from median_ci import median_ci, ratio_of_medians  # noqa: E402
 
 import distnb  # noqa: E402
-from tests.multihost.hosts import Lan, missing  # noqa: E402
+from distnb.errors import RankDiedError  # noqa: E402
+from tests.multihost.hosts import Host, Lan, missing  # noqa: E402
 from tests.multihost.slurm import Slurm  # noqa: E402
 from tests.multihost.slurm import missing as slurm_missing  # noqa: E402
+from tests.multihost.stranger import Stranger  # noqa: E402
 
 RANKS_PER_HOST = 2
 SBATCH = ["--ntasks-per-node", str(RANKS_PER_HOST)]
+ATTACK_S = 2.0
+LOOP = (
+    "import time\nfor _ in range(20):\n    x = torch.ones(8)\n    dist.all_reduce(x)\n"
+    "    time.sleep(0.1)"
+)
+PARTS = ("start", "cost", "stranger", "lifeline", "slurm")
+BUSY = (  # what the ranks on the host cut off do (rank 0, on the other host, waits too)
+    "import time\nx = torch.ones(1)\nif rank == 1:\n    time.sleep(600)\nelif rank == 2:\n"
+    "    while True:\n        pass\nelse:\n    dist.all_reduce(x)"
+)
 
 
 def distnb_start(lan: Lan, engines: str = "ssh") -> tuple[float, distnb.Session]:
@@ -123,6 +145,55 @@ def cost(session: distnb.Session, rounds: int, iters: int) -> dict[str, list[flo
     return times
 
 
+def stranger(session: distnb.Session, lan: Lan, rounds: int) -> dict[str, list[float]]:
+    """The cell's wall time (s) with a stranger writing over every key for its first
+    `ATTACK_S`, and alone."""
+    assert session.control is not None
+    modes = ("stranger", "alone", "alone again")  # the last: the control
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(rounds):
+        k = r % len(modes)
+        for mode in modes[k:] + modes[:k]:
+            writer = Stranger(lan.kernel_addr, session.control.port, session.control.session_id)
+            if mode == "stranger":
+                writer.keep_writing(ATTACK_S)
+            started = time.perf_counter()
+            session.run(LOOP)
+            times[mode].append(time.perf_counter() - started)
+            writer.stop()
+    return times
+
+
+def _cut(host: Host, when: list[float]) -> None:
+    host.link(up=False)
+    when.append(time.monotonic())
+
+
+def lifeline(lan: Lan, repeats: int) -> list[float]:
+    """Seconds from a host's cut until it runs no engine or nanny (see the module)."""
+    h2, h3 = lan.hosts
+    took = []
+    for _ in range(repeats):
+        session = distnb.start(
+            hosts={h2.addr: 1, h3.addr: 3}, host=lan.kernel_addr, ssh_args=lan.ssh_args,
+            progress=False,
+        )  # fmt: skip
+        cut: list[float] = []
+        timer = threading.Timer(2.0, _cut, (h3, cut))
+        timer.start()
+        try:
+            with contextlib.suppress(RankDiedError):  # the cut host's ranks left the cluster
+                session.run(BUSY)
+            timer.join()
+            while h3.distnb_processes() and time.monotonic() - cut[0] < 120:
+                time.sleep(0.1)
+            took.append(time.monotonic() - cut[0])
+        finally:
+            h3.link(up=True)
+            session.stop()
+    return took
+
+
 def _row(name: str, ours: list[float], peer: list[float] | None, unit: str, label: str) -> str:
     low, high = median_ci(ours)
     text = f"{name:34} {statistics.median(ours):9.3f} {unit} [{low:.3f}-{high:.3f}]"
@@ -158,19 +229,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     args = parser.parse_args()
     if why := missing():
         sys.exit(f"bench_hosts needs {why}")
+    ssh = times = attacked = ended = None
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as state:
         lan = Lan(Path(state))
         try:
             lan.add_host("h2")
             lan.add_host("h3")
-            ssh = starts(lan, "ssh", args.repeats)
-            _, session = distnb_start(lan)
-            with session:
-                times = cost(session, args.rounds, 200)
-            slurm = None if slurm_missing() else Slurm(lan, lan.hosts)
+            if "start" in args.parts:
+                ssh = starts(lan, "ssh", args.repeats)
+            if "cost" in args.parts or "stranger" in args.parts:
+                _, session = distnb_start(lan)
+                with session:
+                    if "cost" in args.parts:
+                        times = cost(session, args.rounds, 200)
+                    if "stranger" in args.parts:
+                        attacked = stranger(session, lan, args.rounds)
+            if "lifeline" in args.parts:
+                ended = lifeline(lan, args.repeats)
+            slurm = None if slurm_missing() or "slurm" not in args.parts else Slurm(lan, lan.hosts)
             if slurm is not None:
                 os.environ.update(slurm.env, IPYTHONDIR=str(slurm.shared / "ipython"))
                 try:
@@ -180,30 +260,54 @@ def main() -> None:
         finally:
             lan.close()
     print(f"# 2 hosts x {RANKS_PER_HOST} ranks; the order of the starts rotates")
-    print(_row("start to ready, ssh (s)", *ssh[:2], "s", "ipyparallel ssh + torch + gloo"))
-    print(_row("  control: the peer again (s)", *ssh[:0:-1], "s", "ipyparallel ssh + torch + gloo"))
+    label = "ipyparallel ssh + torch + gloo"
+    if ssh is not None:
+        print(_row("start to ready, ssh (s)", *ssh[:2], "s", label))
+        print(_row("  control: the peer again (s)", *ssh[:0:-1], "s", label))
     if slurm is not None:
         label = "ipyparallel Slurm + torch + gloo"
         print(_row("start to ready, Slurm job (s)", *by_slurm[:2], "s", label))
         print(_row("  control: the peer again (s)", *by_slurm[:0:-1], "s", label))
-    print(
-        _row(
-            "8-el all_reduce across hosts (us)",
-            times["checked"],
-            times["unchecked"],
-            "us",
-            "unchecked",
+    if times is not None:
+        print(
+            _row(
+                "8-el all_reduce across hosts (us)",
+                times["checked"],
+                times["unchecked"],
+                "us",
+                "unchecked",
+            )
         )
-    )
-    print(
-        _row(
-            "  control: unchecked again (us)",
-            times["unchecked again"],
-            times["unchecked"],
-            "us",
-            "unchecked",
+        print(
+            _row(
+                "  control: unchecked again (us)",
+                times["unchecked again"],
+                times["unchecked"],
+                "us",
+                "unchecked",
+            )
         )
-    )
+    if ended is not None:
+        print(_row("cut host empty after the cut (s)", ended, None, "s", ""))
+    if attacked is not None:
+        print(
+            _row(
+                f"cell, stranger its first {ATTACK_S:g} s (s)",
+                attacked["stranger"],
+                attacked["alone"],
+                "s",
+                "alone",
+            )
+        )
+        print(
+            _row(
+                "  control: alone again (s)",
+                attacked["alone again"],
+                attacked["alone"],
+                "s",
+                "alone",
+            )
+        )
 
 
 if __name__ == "__main__":

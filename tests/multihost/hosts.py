@@ -232,6 +232,21 @@ class Host:
         lines = self.ssh("ps -eo pid=,args=").stdout.splitlines()
         return [line for line in lines if "sshd" not in line and "ps -eo" not in line]
 
+    def distnb_processes(self) -> list[psutil.Process]:
+        """The engines and nannies running on the host, seen from this machine (its network
+        namespace's processes), so that they can be watched while its link is down."""
+        listed = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
+        found = []
+        for pid in map(int, listed.stdout.split()):
+            try:
+                proc = psutil.Process(pid)
+                line = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            if "distnb.rank.engine" in line or "ipyparallel.engine.nanny" in line:
+                found.append(proc)
+        return found
+
     def link(self, up: bool) -> None:
         """Take the host's link down (as a cable pulled) or up again."""
         _run(*self.lan.in_router, "ip", "link", "set", self.router_if, "up" if up else "down")
