@@ -125,9 +125,10 @@ class ControlPlane:
             count = int(raw) if raw.isdigit() else self._asked[rank]
             while self._asked[rank] < count:
                 key = keys.ask(keys.ask_number(rank, self._asked[rank] + 1))
-                if value_state(self.store, key) != "valid":
+                value = _valid_or_none(self.store, key)
+                if value is None:
                     break  # forged (asked again below), or not there yet
-                found.append(InputRequest.from_json(self.store.get(key)))
+                found.append(InputRequest.from_json(value))
                 self.store.delete_key(key)
                 self._asked[rank] += 1
         ask_for_forged(self.store)
@@ -163,8 +164,9 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for rank, key in list(pending.items()):
-                if self.store.check([key]):
-                    found[rank] = self.store.get(key).decode()
+                value = _valid_or_none(self.store, key)
+                if value is not None:
+                    found[rank] = value.decode()
                     del pending[rank]
             if pending:
                 self.keep()  # a forged request is posted again
@@ -196,6 +198,15 @@ def ask_for_forged(store: Any) -> None:
         from distnb.rank.posts import ask_again
 
         ask_again(store, forged, "the kernel")
+
+
+def _valid_or_none(store: Any, key: str) -> bytes | None:
+    """A rank's value under `key` if it is there and not forged (a forgery is noted by the
+    store, for `ask_for_forged`), else None."""
+    if not store.check([key]):
+        return None
+    value: bytes = store.multi_get([key])[0]
+    return value or None  # b"": forged since the check
 
 
 def value_state(store: Any, key: str) -> str:
