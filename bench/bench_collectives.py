@@ -2,6 +2,7 @@
 
     python bench/bench_collectives.py [--quick] [--ranks 2 4]
     python bench/bench_collectives.py --focus all_reduce:4MiB broadcast:8el [--rounds 60]
+    python bench/bench_collectives.py --store-only [--rounds 60]
 
 For each world size it starts the ranks once (spawned processes, a TCPStore in this process as
 the control plane, gloo on loopback) and times, interleaved round by round so that a busy machine
@@ -591,12 +592,18 @@ def _extras(e: dict[str, Any]) -> str:
             f"  the check's own CPU time {cpu['checked'] - cpu['bare']:.1f} us/call (checked "
             "minus torch without distnb, each the best of 3; no peer to wait for); recording "
             f"{cpu['record']:.2f} us/event",
-            "  store path (ranks on different hosts), 8-el all_reduce: checked "
-            f"{store.ms('checked') * 1e3:.0f} us, plain {store.ms('plain') * 1e3:.0f} us: "
-            f"{_interval(*store.ratio('checked'))} ({len(store.rounds['plain'])} rounds); signed "
-            f"(a control plane off loopback) {store.ms('signed') * 1e3:.0f} us: "
-            f"{_interval(*store.ratio('signed', 'checked'))} of checked",
+            _store_line(store),
         ]
+    )
+
+
+def _store_line(store: Row) -> str:
+    return (
+        "  store path (ranks on different hosts), 8-el all_reduce: checked "
+        f"{store.ms('checked') * 1e3:.0f} us, plain {store.ms('plain') * 1e3:.0f} us: "
+        f"{_interval(*store.ratio('checked'))} ({len(store.rounds['plain'])} rounds); signed "
+        f"(a control plane off loopback) {store.ms('signed') * 1e3:.0f} us: "
+        f"{_interval(*store.ratio('signed', 'checked'))} of checked"
     )
 
 
@@ -623,8 +630,19 @@ def main(argv: list[str] | None = None) -> None:
         default=list(FOCUS_MODES),
         help="the modes of the --focus rows",
     )
+    parser.add_argument(
+        "--store-only", action="store_true", help="only the store path, in --rounds rounds"
+    )
     args = parser.parse_args(argv)
-    mode = "focus" if args.focus else "extras" if args.extras_only else "full"
+    mode = (
+        "focus"
+        if args.focus
+        else "extras"
+        if args.extras_only
+        else "store"
+        if args.store_only
+        else "full"
+    )
     with saved(f"collectives-{mode}"):
         run(args)
 
@@ -638,6 +656,15 @@ def run(args: argparse.Namespace) -> None:
         "ratio: the quotient of two such printed times, to plain (accel-debug: to accel), "
         "[95% interval] from a paired bootstrap over the rounds; modes take turns\n"
     )
+    if args.store_only:
+        for world in args.ranks:
+            cluster = Cluster(world)
+            try:
+                store = store_path(cluster, iters=200, rounds=args.rounds)
+                print(f"{world} ranks:\n{_store_line(store)}")
+            finally:
+                cluster.close()
+        return
     if args.focus:
         modes = tuple(args.modes)
         print(f"{args.rounds} rounds per row")
