@@ -11,7 +11,10 @@ it (a plain connection, with a timeout: a call to the store on a cut link blocks
 measured here). When none has succeeded for `SILENCE_S`, or the port refuses twice in a row (the
 kernel's process, which holds the store, is gone, or its session stopped), it ends the rank: a
 line in the engine's log, then SIGKILL to every process below the engine (its nanny, what the
-cell started) and to the engine itself.
+cell started) and to the engine itself. When the port refused, the kernel is gone for good,
+and the session's profile folder the engine ran in goes too (`leftover`: on another host, the
+copy the ssh launcher made, which only the kernel's stop would have removed); silence alone
+may be a network cut off from a kernel that lives, whose folder that may be.
 
 The kernel's store answers from a native thread, so a kernel busy in a long cell, or waiting for
 the user at a debugger prompt, keeps its ranks alive. A rank on a host cut off ends within
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -64,8 +68,10 @@ class Lifeline:
         address: tuple[str, int],
         end: Callable[[str], None] = end_engine,
         silence_s: float = SILENCE_S,
+        leftover: str = "",
     ) -> None:
         self.rank, self.address, self._end, self.silence_s = rank, address, end, silence_s
+        self.leftover = leftover
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="distnb-lifeline", daemon=True)
 
@@ -96,4 +102,6 @@ class Lifeline:
         why = f"has not answered for {silent:.0f} s"
         if refused >= REFUSED:
             why = "refuses connections"
+            if self.leftover:
+                shutil.rmtree(self.leftover, ignore_errors=True)
         self._end(f"rank {self.rank}: the kernel's control plane at {host}:{port} {why}")

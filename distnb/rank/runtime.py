@@ -81,7 +81,7 @@ def init(spec: RankSpec) -> RankInfo:
     if _runtime is not None:
         shutdown()
     # First: a rank whose kernel goes away while it joins (or in any cell after) ends itself.
-    lifeline = Lifeline(spec.rank, (spec.store_host, spec.store_port))
+    lifeline = Lifeline(spec.rank, (spec.store_host, spec.store_port), leftover=_profile_folder())
     lifeline.start()
     store = connect(spec)
     reposter = posts.Reposter(spec.rank, partial(connect, spec)) if spec.secret else None
@@ -111,6 +111,16 @@ def init(spec: RankSpec) -> RankInfo:
         address=address,
         launched_on=os.environ.get(LAUNCHED_ON_VAR, ""),
     )
+
+
+def _profile_folder() -> str:
+    """The session's own profile folder the engine runs in (its launcher's copy, on another
+    host), or "" (no engine, or a profile that is not a session's)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    location = str(shell.config.get("ProfileDir", {}).get("location", "")) if shell else ""
+    return location if os.path.basename(location).startswith("distnb-profile-") else ""
 
 
 def _post_endpoint(spec: RankSpec, store: dist.Store) -> str:

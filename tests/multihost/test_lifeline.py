@@ -110,6 +110,7 @@ def test_a_killed_kernel_on_another_machine_leaves_nothing_there_or_here(lan: La
         assert not ssh_waiters(lan) and not left_of(sh)  # the reaper's work, here
         took = gone_after(h2, killed, 15)  # the lifeline's, there
         print(f"the killed kernel's ranks ended {took:.1f} s after it")
+        assert not list(h2.tmp.glob("distnb-profile-*"))  # and the launcher's profile copy
     finally:
         unshared.kill()  # and with it (--kill-child) `sh`, and the rest of the namespace
         unshared.wait()

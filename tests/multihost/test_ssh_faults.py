@@ -13,6 +13,7 @@ import pytest
 from distnb.errors import DistnbWarning, RankDiedError, SessionError
 from distnb.session import Session
 from distnb.session.cluster.members import LEFT_CLUSTER
+from distnb.session.cluster.stopped import LIFELINE_BOUND_S
 from distnb.session.joining import CONNECT_S
 from tests.conftest import NAMED_S
 from tests.multihost.conftest import engines_on, start_on
@@ -79,19 +80,37 @@ def test_a_rank_lost_on_another_host_mid_cell_is_named_with_its_host(lan: Lan, f
     assert gone_within(h3, 60) and gone_within(h2, 5)
 
 
-def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(lan: Lan) -> None:
+def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(
+    lan: Lan, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`%dist_stop` on a real shell: what it stopped and what it could not reach, and its
+    warning at the line that ran it (it was distnb/magics.py's)."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    from distnb.magics import DistMagics
+
     h2 = lan.hosts[0]
     s = start_on(lan, {h2.addr: 1})
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "distnb")
+    magics = next(m for m in ip.magics_manager.registry.values() if isinstance(m, DistMagics))
+    magics.session = s
     h2.link(up=False)
     try:
         started = time.monotonic()
         with pytest.warns(DistnbWarning, match=f"{h2.addr} did not answer the stop") as said:
-            report = s.stop()
+            ip.run_line_magic("dist_stop", "")
         assert time.monotonic() - started < STOP_BOUND_S
         assert [w.filename for w in said] == [__file__]  # the caller's line, not distnb's
-        assert report.stopped == () and report.not_reached == (0,)
-        assert str(report).startswith("stopped no rank and the controller")
+        said_lines = capsys.readouterr().out.splitlines()
+        assert said_lines[0].startswith("distnb: stopped no rank and the controller (")
+        assert said_lines[1:] == [
+            f"distnb: not reached: rank 0 on h2 ({h2.addr}), which did not answer the stop: "
+            f"they end by themselves within {LIFELINE_BOUND_S:.0f} s of losing the kernel"
+        ]
     finally:
+        magics.session = None
         h2.link(up=True)
 
 

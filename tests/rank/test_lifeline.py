@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -35,30 +36,38 @@ def ended_after(line: Lifeline) -> tuple[threading.Event, list[str]]:
     return ended, reasons
 
 
-def test_a_lifeline_ends_its_rank_once_the_port_refuses(port: socket.socket) -> None:
-    line = Lifeline(3, port.getsockname()[:2], silence_s=60)
+def test_a_lifeline_ends_its_rank_once_the_port_refuses(
+    port: socket.socket, tmp_path: Path
+) -> None:
+    """The kernel is gone for good: the session's profile folder the engine ran in goes too."""
+    folder = tmp_path / "distnb-profile-abc"
+    (folder / "security").mkdir(parents=True)
+    line = Lifeline(3, port.getsockname()[:2], silence_s=60, leftover=str(folder))
     ended, reasons = ended_after(line)
     assert not ended.wait(lifeline.PROBE_S * 2.5)  # the port answers: the rank lives
+    assert folder.exists()
     port.close()
     assert ended.wait(BOUND_S)
+    assert not folder.exists()
     assert reasons == [
         f"rank 3: the kernel's control plane at 127.0.0.1:{line.address[1]} refuses connections"
     ]
 
 
-def test_a_lifeline_ends_its_rank_after_the_silence_of_a_lost_link() -> None:
+def test_a_lifeline_ends_its_rank_after_the_silence_of_a_lost_link(tmp_path: Path) -> None:
     """A port whose queue is full drops new connections without a word, as a host cut off
-    does (a refusal, by contrast, is an answer)."""
+    does (a refusal, by contrast, is an answer). The kernel may live on the other side of the
+    cut: its folder stays."""
     full = socket.create_server(("127.0.0.1", 0), backlog=0)
     waiting = [socket.socket() for _ in range(3)]
     try:
         for s in waiting:
             s.setblocking(False)
             s.connect_ex(full.getsockname())
-        line = Lifeline(0, full.getsockname()[:2], silence_s=2.0)
+        line = Lifeline(0, full.getsockname()[:2], silence_s=2.0, leftover=str(tmp_path))
         ended, reasons = ended_after(line)
         assert ended.wait(BOUND_S)
-        assert "has not answered for" in reasons[0]
+        assert "has not answered for" in reasons[0] and tmp_path.exists()
     finally:
         for s in [*waiting, full]:
             s.close()
