@@ -85,7 +85,7 @@ class CellRun:
         self.cluster.members.mark_logs(t.pid for t in self.targets)
         self.control.begin_run(req.cell, req.run_id, req.check, frontend_stdin(), req.everyone)
         # the file JupyterLab's debugger knows an %%allranks cell by: ranks compile it so
-        self.control.post(keys.CELL_FILE, visual.cell_file())  # posted again if a stranger overwrites it
+        self.control.post(keys.CELL_FILE, visual.cell_file())  # again if a stranger overwrites it
         if self.visual is not None:
             self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
             self._visual_s = self.visual.stopped_seconds()
