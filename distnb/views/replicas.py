@@ -54,6 +54,8 @@ class ReplicaView:
                 f"{where} (each rank's data should be its own: a DistributedSampler?){tail}"
             )
         if r.agree:
+            if not r.compared and len(r.ranks) < 2:
+                return f"nothing to compare {where}: one rank holds the only copy of each tensor"
             if not r.compared:
                 return f"nothing to compare {where}: every tensor is sharded (no replicas)"
             return f"replicas agree: {size} compared {where}{tail}"

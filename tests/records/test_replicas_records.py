@@ -36,3 +36,15 @@ def test_missing_names_values_and_expected_differences() -> None:
     assert found.expected == "differ" and found.agree == ((0, 1, 2), (3,))
     report = ReplicaReport(("batch",), W, 1, 32)
     assert ReplicaReport.from_dict(report.to_dict()) == report and report.agree
+
+
+def test_one_rank_has_no_replica_and_says_so_not_sharded() -> None:
+    from distnb.views.replicas import ReplicaView
+
+    one = compare([d("w", 0, "a", (0,))], (0,))
+    assert one == ([], [], 0, 1)
+    view = ReplicaView(ReplicaReport(("w",), (0,), 0, 8, alone=1))
+    only = "nothing to compare on rank 0: one rank holds the only copy of each tensor"
+    assert view.summary() == only
+    sharded = ReplicaView(ReplicaReport(("w",), (0, 1), 0, 16, alone=1))
+    assert "every tensor is sharded" in sharded.summary()
