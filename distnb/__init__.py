@@ -21,9 +21,11 @@ if _typing.TYPE_CHECKING:
 
     from distnb.records.replicas import ReplicaReport
     from distnb.session import Session, start
+    from distnb.session.attach import AttachedJob
 
 __all__ = [
     "Session",
+    "attach",
     "check_finite",
     "diff_replicas",
     "load_ipython_extension",
@@ -79,6 +81,22 @@ def diff_replicas(
     from distnb.rank.replicas.check import diff_replicas as _diff
 
     return _diff(*targets, grads=grads, buffers=buffers, atol=atol, expect=expect, ranks=ranks)
+
+
+def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
+    """Attach to a running job of `python -m distnb.run [torchrun's options] train.py`.
+
+    `target`: its run folder, run id, Slurm job id or `host:port` (None: the newest run).
+    What `%dist_attach` shows and does, as methods: `status()`, `verdicts()`, `timeline()`,
+    `stop(ranks, at=)`, `breakpoint("train.py:52", cond)`, `debug()`, `run(code)`, `detach()`.
+
+    >>> job = distnb.attach()
+    >>> job.status()     # per rank: state, collective, step; who waits for whom; stacks
+    >>> job.detach()
+    """
+    from distnb.session.attach import attach as _attach
+
+    return _attach(target, timeout=timeout)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:

@@ -45,14 +45,33 @@ waited on in silence. What each key's reader does about one (`role` names the ke
   and a reader waits for its copy;
 - keys written once by code distnb does not own (the process group's rendezvous) or read once
   (the visual debugger's relay): the reader fails at once, naming the key's role.
+
+An attached job (`python -m distnb.run`) has a store of its own, hosted by its launcher, under
+the run id's prefix; its ranks' agents (`distnb.rank.agent`) and the notebook use:
+
+- `agent/rank/<rank>` [JSON: host, pid, local rank, world size]: each rank's agent, at start;
+- `agent/calls/<rank>` [a counter], `agent/req/<rank>/<n>` [JSON], `agent/rep/<rank>/<n>`
+  [JSON]: the notebook numbers a request to a rank's agent, posts it and reads the reply;
+- `agent/out/<rank>/<k>` [text]: what a stopped rank's debugger printed, piece by piece, and
+  `agent/outcount/<rank>` [pieces, characters]: how much so far;
+- `agent/lease` [a number]: the attached notebook counts it up every second; a stopped or held
+  rank whose lease stops moving resumes on its own (a notebook that died leaves the job running);
+- `debug/count/<rank>`, `debug/ask/<n>`, `debug/answer/<n>`: the debugger's prompts, as above.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AGENT_LEASE",
     "CELL_FILE",
     "RUN",
     "abort",
+    "agent_calls",
+    "agent_out",
+    "agent_out_count",
+    "agent_rank",
+    "agent_reply",
+    "agent_request",
     "answer",
     "ask",
     "ask_count",
@@ -267,3 +286,30 @@ def _board_words(name: str) -> str:
     if kind == "p":
         return f"the point-to-point channel {rest}"
     return f"process group {rest}"
+
+
+AGENT_LEASE = "agent/lease"
+
+
+def agent_rank(rank: int) -> str:
+    return f"agent/rank/{rank}"
+
+
+def agent_calls(rank: int) -> str:
+    return f"agent/calls/{rank}"
+
+
+def agent_request(rank: int, n: int) -> str:
+    return f"agent/req/{rank}/{n}"
+
+
+def agent_reply(rank: int, n: int) -> str:
+    return f"agent/rep/{rank}/{n}"
+
+
+def agent_out(rank: int, k: int) -> str:
+    return f"agent/out/{rank}/{k}"
+
+
+def agent_out_count(rank: int) -> str:
+    return f"agent/outcount/{rank}"

@@ -12,6 +12,7 @@ import distnb
 def test_the_public_surface_is_pinned() -> None:
     assert distnb.__all__ == [
         "Session",
+        "attach",
         "check_finite",
         "diff_replicas",
         "load_ipython_extension",

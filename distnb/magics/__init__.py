@@ -1,6 +1,7 @@
 """IPython magics: `%load_ext distnb` registers them (`register`).
 
 - `dist`: `DistMagics`, every magic a thin shell over one `Session` method;
+- `attach`: `AttachMagics`, `%dist_attach` and `%%attached` over `distnb.attach`;
 - `args`: parsing their arguments, each bad value a `UsageError` with the fix.
 """
 
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from distnb.magics.attach import AttachMagics
 from distnb.magics.dist import DistMagics
 from distnb.session.automode import AutoMode
 
-__all__ = ["DistMagics", "register", "unregister"]
+__all__ = ["AttachMagics", "DistMagics", "register", "unregister"]
 
 
 def register(shell: Any) -> None:
@@ -25,6 +27,7 @@ def register(shell: Any) -> None:
         return
     magics = DistMagics(shell)
     shell.register_magics(magics)
+    shell.register_magics(AttachMagics(shell))
     AutoMode.of(shell)
     route_debugger(shell, lambda: magics.session)
     visual.install(shell)
@@ -36,6 +39,8 @@ def unregister(shell: Any) -> None:
     from distnb.session.debugger.postmortem import unroute_debugger
 
     for magics in list(shell.magics_manager.registry.values()):
+        if isinstance(magics, AttachMagics) and magics.job is not None:
+            magics.job.detach()
         if isinstance(magics, DistMagics):
             unroute_debugger(shell)
             visual.uninstall()

@@ -31,10 +31,9 @@ from typing import Protocol
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankState
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
-from distnb.session.control import ControlPlane
 from distnb.session.debugger import many
 
-__all__ = ["Desk", "RunView", "frontend_stdin"]
+__all__ = ["Desk", "Prompts", "RunView", "frontend_stdin"]
 
 # How long the rank at hand gets to stop again after a stepping command before another stopped
 # rank gets the prompt (a step over a long call may take longer: the other rank goes first).
@@ -53,6 +52,14 @@ _SWITCH = re.compile(r"\s*rank\s+(\d+)\s*$")
 
 # The user's answer was sent by the desk itself (to several ranks at once).
 _SENT = "\0sent"
+
+
+class Prompts(Protocol):
+    """Where the ranks' prompts come from and their answers go: the session's control plane
+    (`distnb.session.control.ControlPlane`), or an attached job's (`distnb.session.attach`)."""
+
+    def asks(self) -> list[InputRequest]: ...
+    def answer(self, n: int, line: str) -> None: ...
 
 
 class RunView(Protocol):
@@ -88,7 +95,7 @@ def frontend_stdin() -> bool:
 class Desk:
     """Serves the prompts of one run's ranks (see the module's docstring)."""
 
-    def __init__(self, control: ControlPlane, run_id: int):
+    def __init__(self, control: Prompts, run_id: int):
         self.control = control
         self.run_id = run_id
         self.pending: dict[int, InputRequest] = {}

@@ -1,0 +1,89 @@
+"""`%dist_attach` and `%%attached`: the notebook on a job distnb did not start.
+
+Thin shells over `distnb.attach` and the `AttachedJob` it returns; the job is held here (one
+per shell), not in a module global.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from distnb.errors import ConfigError, SessionError
+from distnb.magics.args import parse, rank_list
+
+__all__ = ["AttachMagics"]
+
+
+@magics_class
+class AttachMagics(Magics):
+    """`%dist_attach`, `%%attached`."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.job: Any = None  # distnb.session.attach.AttachedJob
+
+    @magic_arguments()
+    @argument("target", nargs="?", default=None, help="run folder, run id, Slurm job id, host:port")
+    @argument("--no-agent", action="store_true", help="a job without distnb's agent: py-spy stacks")
+    @argument("--stop", action="store_true", help="stop ranks before their next collective")
+    @argument("--at", default="collective", help="--stop at: collective, or step")
+    @argument("--ranks", type=str, default=None, help="--stop, --break: these ranks, e.g. 0,2")
+    @argument("--break", dest="where", default=None, help="a breakpoint at FILE:LINE")
+    @argument("--if", dest="cond", default=None, help="--break: only where this is true")
+    @argument("--debug", action="store_true", help="answer the stopped ranks' debugger here")
+    @argument("--timeline", action="store_true", help="the last collectives on a timeline")
+    @argument("--detach", action="store_true", help="let the job go on as it would have")
+    @line_magic
+    def dist_attach(self, line: str) -> Any:
+        """Attach to a job distnb did not start (`python -m distnb.run ... train.py`):
+        `%dist_attach [RUN]` shows each rank's state, the verdicts and the live stacks;
+        `--stop [--at step] [--ranks 0]`, `--break train.py:52 [--if COND]`, `--debug`,
+        `--timeline`, `--detach`. `--no-agent`: a plain torchrun job, py-spy stacks only."""
+        from distnb.session.attach import attach, attach_processes
+
+        args = parse(self.dist_attach, line)
+        ranks = rank_list(args.ranks) if args.ranks is not None else None
+        try:
+            if args.no_agent:
+                return attach_processes(args.target)
+            if args.detach:
+                return self._detach()
+            if self.job is None or args.target is not None:
+                self._detach()
+                self.job = attach(args.target)
+            job = self.job
+            if args.where:
+                job.breakpoint(args.where, args.cond, ranks)
+            if args.stop:
+                job.stop(ranks, at=args.at)
+            if args.debug:
+                return job.debug()
+            if args.stop or args.where:
+                return None
+            return job.timeline() if args.timeline else job.status()
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @cell_magic
+    def attached(self, line: str, cell: str) -> None:
+        """Run the cell in the frames the attached job's stopped ranks are stopped in."""
+        args = parse(self.attached, line)
+        if self.job is None:
+            raise UsageError("no job is attached: %dist_attach RUN, then %dist_attach --stop")
+        ranks = rank_list(args.ranks) if args.ranks is not None else None
+        try:
+            self.job.run(cell, ranks)
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+
+    def _detach(self) -> None:
+        if self.job is not None:
+            self.job.detach()
+            print("distnb: detached; the job goes on as it would have")
+        self.job = None

@@ -1,0 +1,167 @@
+"""Stopping a rank of an attached job, and letting it go: the notebook's requests, carried out
+on the rank's main thread at safe points.
+
+The serving thread cannot stop the main thread itself (Python traces and debugs one thread from
+inside it), so a request is noted here and carried out where the main thread passes next:
+
+- before its next collective goes to the backend (the tape's `gate`): nothing of the
+  collective has started, so no peer waits for it inside gloo or NCCL, where a timeout runs;
+- after its next optimizer step (`at_step`), a step boundary.
+
+There a rank stops in the debugger (`stop`), is held until the stopped peers go on (`hold`: a
+held rank waits before its collective, not inside it), or starts tracing for breakpoints set
+from the notebook (file, line, condition: pdb's breakpoints, on the main thread only). `detach`
+clears all of it. Holds and prompts end by themselves when the notebook's lease runs out.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from distnb.rank.agent.stopped import AgentAsker, AgentPdb, Lease
+from distnb.records.attach import AgentState
+
+if TYPE_CHECKING:
+    from distnb.rank.agent.core import Agent
+
+__all__ = ["Control", "user_frame"]
+
+_PACKAGES = ("torch", "distnb")
+
+
+class Control:
+    """The notebook's standing requests to one rank (see the module)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.lease = Lease(agent.store)
+        self.state = AgentState.RUNNING
+        self.where = ""  # the line the rank is stopped at
+        self.stop_at: str | None = None  # "collective" or "step"
+        self.breaks: list[tuple[str, int, str | None]] = []  # to set on the main thread
+        self._release = threading.Event()
+        self._release.set()
+        self._debugger: AgentPdb | None = None
+
+    @property
+    def armed(self) -> bool:
+        return bool(self.stop_at or self.breaks or not self._release.is_set())
+
+    # --- from the serving thread --------------------------------------------------------------
+
+    def request_stop(self, at: str) -> None:
+        self.stop_at = at
+        self._arm()
+
+    def hold(self) -> None:
+        self._release.clear()
+        self._arm()
+
+    def release(self) -> None:
+        """End a hold (the stopped peers have gone on)."""
+        self._release.set()
+
+    def add_break(self, file: str, line: int, cond: str | None) -> None:
+        self.breaks.append((file, line, cond))
+        self._arm()
+
+    def detach(self) -> None:
+        """Forget every request, release a hold, untrace at the main thread's next event."""
+        self.stop_at = None
+        self.breaks = []
+        self._release.set()
+        if self._debugger is not None:
+            self._debugger.detached = True
+        self.agent.tape.gate = None
+
+    def _arm(self) -> None:
+        self.agent.tape.gate = self._gate
+
+    # --- on the main thread -------------------------------------------------------------------
+
+    def _gate(self, entry: list[Any]) -> None:
+        __tracebackhide__ = True
+        self._act(f"before {entry[3]} #{entry[2]} on {entry[1]}", "collective")
+
+    def at_step(self) -> None:
+        self._act(f"after step {self.agent.step}", "step")
+
+    def _act(self, why: str, point: str) -> None:
+        frame = user_frame(sys._getframe(2))
+        if frame is None:
+            return
+        if self.breaks:
+            self._trace(frame)
+        if self.stop_at == point:
+            self.stop_at = None
+            self._stop(frame, why)
+        elif not self._release.is_set():
+            self._hold(why)
+        if not self.armed:
+            self.agent.tape.gate = None
+
+    def _stop(self, frame: FrameType, why: str) -> None:
+        debugger = self.debugger()
+        debugger.message(f"distnb: rank {self.agent.rank} stopped {why}")
+        debugger.reset()
+        debugger.interaction(frame, None)
+        if debugger.quitting:
+            raise debugger.quit_error()
+        if debugger.stoplineno != -1 or debugger.breaks:  # stepping, or breakpoints: trace on
+            _trace_from(debugger, frame)
+
+    def _hold(self, why: str) -> None:
+        self.state, self.where = AgentState.HELD, why
+        self.lease.renew()
+        try:
+            while not self._release.wait(0.1):
+                if not self.lease.alive():
+                    self._release.set()
+        finally:
+            self.state, self.where = AgentState.RUNNING, ""
+
+    def _trace(self, frame: FrameType) -> None:
+        debugger = self.debugger()
+        if debugger.get_all_breaks() == {} and sys.gettrace() is None:
+            debugger.reset()  # a debugger that has not traced yet
+        for file, line, cond in self.breaks:
+            debugger.set_break(file, line, cond=cond)
+        self.breaks = []
+        _trace_from(debugger, frame)
+        debugger.set_continue()
+
+    def debugger(self) -> AgentPdb:
+        if self._debugger is None:
+            asker = AgentAsker(self.agent.store, self.agent.rank, self.lease)
+            self._debugger = AgentPdb(asker)
+            self._debugger.on_stop = self._on_stop
+        self._debugger.detached = False
+        return self._debugger
+
+    def _on_stop(self, stopped: bool, where: str) -> None:
+        self.state = AgentState.STOPPED if stopped else AgentState.RUNNING
+        self.where = where
+
+
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame that is neither torch's nor distnb's (where the user called in)."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if name.split(".")[0] not in _PACKAGES:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _trace_from(debugger: AgentPdb, frame: FrameType) -> None:
+    """Trace `frame` and its callers with `debugger`, as `Bdb.set_trace` does, keeping the
+    stepping command the user gave (or none: breakpoints only)."""
+    bottom: FrameType | None = frame
+    while bottom is not None:
+        bottom.f_trace = debugger.trace_dispatch
+        debugger.botframe = bottom
+        bottom = bottom.f_back
+    sys.settrace(debugger.trace_dispatch)

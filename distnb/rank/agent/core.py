@@ -1,0 +1,81 @@
+"""The agent of one rank: its settings, its store connections, and its start.
+
+The settings come from the worker's environment: the run folder (`DISTNB_ATTACH`, which holds
+the control plane's endpoint and secret) and torchrun's `RANK`, `WORLD_SIZE` and `LOCAL_RANK`.
+Every value the agent writes or reads in the job's store is signed with the run's secret
+(`distnb.rank.signed`), on loopback too: another user of the machine can reach a loopback port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from distnb import keys
+from distnb.jobfolder import JobFolder
+from distnb.rank.agent.control import Control
+from distnb.rank.agent.serve import Server
+from distnb.rank.agent.tape import Tape
+from distnb.rank.checked.intercept import Interceptor
+from distnb.rank.signed import SignedStore
+from distnb.run import ATTACH_VAR
+
+__all__ = ["PID_VAR", "Agent"]
+
+PID_VAR = "DISTNB_AGENT_PID"  # the process the agent runs in: its children start none
+
+
+class Agent:
+    """One rank's agent: `tape` (its collectives), `control` (stops), `server` (answers)."""
+
+    def __init__(self, folder: Path, rank: int, world_size: int, local_rank: int) -> None:
+        job = JobFolder(folder)
+        self.endpoint = job.endpoint()
+        self._secret = bytes.fromhex(job.secret())
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.step: int | None = None  # optimizer steps taken; None until the first
+        self.tape = Tape(rank)
+        self.interceptor = Interceptor()
+        self.store: Any = None
+        self.control: Control | None = None
+
+    @classmethod
+    def from_environment(cls) -> Agent:
+        env = os.environ
+        return cls(
+            Path(env[ATTACH_VAR]),
+            int(env["RANK"]),
+            int(env.get("WORLD_SIZE", "1")),
+            int(env.get("LOCAL_RANK", "0")),
+        )
+
+    def connect(self) -> Any:
+        """A client of the job's control plane, signed (each thread that waits has its own)."""
+        e = self.endpoint
+        client = dist.TCPStore(e.host, e.port, is_master=False, timeout=timedelta(seconds=30))
+        return SignedStore(dist.PrefixStore(e.run, client), self._secret)
+
+    def start(self) -> None:
+        os.environ[PID_VAR] = str(os.getpid())
+        self.store = self.connect()
+        self.control = Control(self)
+        register_optimizer_step_post_hook(self._stepped)
+        self.interceptor.install(self.tape.record, self.tape.record)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": self.local_rank,
+              "world_size": self.world_size, "started": time.time()}  # fmt: skip
+        self.store.set(keys.agent_rank(self.rank), json.dumps(me))
+        Server(self).start()
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.step = (self.step or 0) + 1
+        control = self.control
+        if control is not None and control.armed:
+            control.at_step()

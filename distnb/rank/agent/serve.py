@@ -1,0 +1,186 @@
+"""The agent's serving thread: answers the notebook's requests, one at a time.
+
+The notebook numbers each request to a rank (`keys.agent_calls`, a counter), posts it under its
+number (`keys.agent_request`) and reads the reply (`keys.agent_reply`). The thread blocks in the
+store's `wait` between requests (the GIL released): an idle agent costs nothing, and nothing is
+written to the store per collective. It has a store connection of its own, so it answers while
+the main thread is blocked in a collective or stopped in the debugger.
+
+Requests (JSON, `{"op": ..., ...}`):
+
+- `status`: a `RankSnapshot` with the live stack of the main thread;
+- `events` (`last`): the last collectives, each with its fingerprint;
+- `stop` (`at`: `collective` or `step`), `hold`, `release`, `break` (`file`, `line`, `cond`),
+  `detach`:
+  noted for the main thread (`control`). A breakpoint's file and line are checked here, so a
+  wrong one is refused at once with what is there.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import socket
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from distnb import keys
+from distnb.rank.agent.tape import CORE, GROUP
+from distnb.rank.checked.recorder import _event
+from distnb.rank.checked.wire import fingerprint
+from distnb.records.attach import AgentState, Frame, OpenCall, RankSnapshot
+
+if TYPE_CHECKING:
+    from distnb.rank.agent.core import Agent
+
+__all__ = ["Server", "check_line", "find_file", "main_stack"]
+
+_FOREVER = timedelta(days=365)
+_MAIN = threading.main_thread()
+_OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+class Server(threading.Thread):
+    """See the module."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(name="distnb-agent", daemon=True)
+        self.agent = agent
+
+    def run(self) -> None:
+        try:
+            store = self.agent.connect()
+        except RuntimeError:
+            return
+        rank, n = self.agent.rank, 0
+        while True:
+            key = keys.agent_request(rank, n)
+            try:
+                store.wait([key], _FOREVER)
+                request = json.loads(store.get(key))
+                store.delete_key(key)
+            except (RuntimeError, ValueError):  # the control plane is gone: nobody can attach
+                return
+            try:
+                reply: Any = {"ok": self.handle(request)}
+            except Exception as exc:
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            try:
+                store.set(keys.agent_reply(rank, n), json.dumps(reply))
+            except RuntimeError:
+                return
+            n += 1
+
+    def handle(self, request: dict[str, Any]) -> Any:
+        op = request.get("op")
+        control = self.agent.control
+        assert control is not None
+        if op == "status":
+            return self.snapshot().to_dict()
+        if op == "events":
+            return self.events(int(request.get("last", 1000)))
+        if op == "stop":
+            at = request.get("at", "collective")
+            if at not in ("collective", "step"):
+                raise ValueError(f"stop at 'collective' or 'step', not {at!r}")
+            control.request_stop(at)
+        elif op == "hold":
+            control.hold()
+        elif op == "release":
+            control.release()
+        elif op == "break":
+            cond = request.get("cond") or None
+            file, line = find_file(str(request["file"])), int(request["line"])
+            check_line(file, line)
+            control.add_break(file, line, cond)
+        elif op == "detach":
+            control.detach()
+        else:
+            raise ValueError(f"unknown request {op!r}")
+        return None
+
+    def snapshot(self) -> RankSnapshot:
+        agent = self.agent
+        tape, control = agent.tape, agent.control
+        assert control is not None
+        state, current = control.state, None
+        found = tape.current()
+        if found is not None:
+            entry, age = found
+            current = OpenCall(
+                entry[1], entry[GROUP], entry[2], entry[3], _members(tape, entry),
+                _event(entry).site, age, _fingerprint(tape, entry),
+            )  # fmt: skip
+            if state is AgentState.RUNNING:
+                state = AgentState.COLLECTIVE
+        finished = [e for e in tape.recorder.events() if e.end_ns]
+        return RankSnapshot(
+            rank=agent.rank, host=socket.gethostname(), pid=os.getpid(), state=state,
+            world_size=agent.world_size, local_rank=agent.local_rank, step=agent.step,
+            current=current, last=finished[-1] if finished else None,
+            calls=tuple(sorted(tape.calls().items())), stack=main_stack(), where=control.where,
+        )  # fmt: skip
+
+    def events(self, last: int) -> list[dict[str, Any]]:
+        tape = self.agent.tape
+        ring = tape.recorder
+        start = max(0, ring.count - min(last, ring.size))
+        out = []
+        for i in range(start, ring.count):
+            entry = ring.ring[i % ring.size]
+            if entry is not None:
+                out.append(
+                    {"event": _event(entry).to_dict(), "fp": _fingerprint(tape, entry).to_dict()}
+                )
+        return out
+
+
+def _members(tape: Any, entry: list[Any]) -> tuple[int, ...]:
+    g = tape.groups.get(entry[GROUP])
+    return tuple(g[1]) if g is not None else ()
+
+
+def _fingerprint(tape: Any, entry: list[Any]) -> Any:
+    where = (entry[5], entry[11])
+    members = _members(tape, entry)
+    return fingerprint((entry[CORE], where), rank=entry[0], group=entry[1], seq=entry[2],
+                       members=members)  # fmt: skip
+
+
+def main_stack() -> tuple[Frame, ...]:
+    """The main thread's stack, outermost first, without distnb's own frames."""
+    frame = sys._current_frames().get(_MAIN.ident or -1)
+    if frame is None:
+        return ()
+    return tuple(
+        Frame(e.filename, e.lineno or 0, e.name, (e.line or "").strip())
+        for e in traceback.extract_stack(frame)
+        if not e.filename.startswith(_OWN)
+    )
+
+
+def find_file(name: str) -> str:
+    """The file a breakpoint names: a path, or the end of a loaded module's path."""
+    if os.path.isabs(name) and os.path.exists(name):
+        return name
+    files = {
+        os.path.abspath(f)
+        for m in list(sys.modules.values())
+        if (f := getattr(m, "__file__", None))
+    }
+    suffix = os.sep + name.lstrip("./")
+    found = sorted(f for f in files if f.endswith(suffix) or f == os.path.abspath(name))
+    if len(found) == 1:
+        return str(found[0])
+    if not found:
+        raise ValueError(f"no file {name!r} is loaded on this rank: give its path")
+    raise ValueError(f"{name!r} names {len(found)} loaded files ({', '.join(found)}): give more")
+
+
+def check_line(file: str, line: int) -> None:
+    if not linecache.getline(file, line).strip():
+        raise ValueError(f"{file}:{line} is blank or past the end of the file")

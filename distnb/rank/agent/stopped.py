@@ -1,0 +1,173 @@
+"""A stopped rank of an attached job: distnb's rank debugger, its prompts and output in the
+notebook, and the lease that resumes the rank when the notebook is gone.
+
+`AgentPdb` is the rank debugger of distnb's own ranks (`distnb.rank.debug.debugger.RankPdb`:
+pdb's commands, the user's frames only) with what an attached job needs besides:
+
+- what it prints while the rank is stopped goes to the notebook (`Out`: pieces in the store,
+  counted, so the notebook shows all of them before the next prompt), not to the job's log;
+- two answers of the notebook's own: `RUN` + code runs the code in the stopped frame and shows
+  its output (an `%%allranks` cell on stopped ranks), and `DETACH` clears every breakpoint and
+  lets the rank run on as if it had never stopped;
+- the wait for an answer watches the notebook's lease (`Lease`): when it stops moving for
+  `LEASE_S`, or the store is gone, the answer is `DETACH`. A notebook that dies leaves the job
+  running.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import DistStoreError
+
+from distnb import keys
+from distnb.rank.debug.ask import Asker
+from distnb.rank.debug.debugger import RankPdb
+
+__all__ = ["DETACH", "LEASE_S", "RUN", "AgentAsker", "AgentPdb", "Lease", "Out"]
+
+RUN = "\0run "  # then code: run it in the stopped frame
+DETACH = "\0detach"  # clear breakpoints and run on
+LEASE_S = 10.0  # a notebook silent this long is gone
+_SLICE = timedelta(milliseconds=100)
+
+
+class Lease:
+    """Whether the attached notebook still counts its lease up (by this rank's own clock)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._last = b""
+        self._seen = time.monotonic()
+
+    def renew(self) -> None:
+        """Start a wait: the notebook is taken as present now."""
+        self._seen = time.monotonic()
+
+    def alive(self) -> bool:
+        try:
+            if self.store.check([keys.AGENT_LEASE]):
+                value = self.store.multi_get([keys.AGENT_LEASE])[0]
+                if value and value != self._last:
+                    self._last, self._seen = value, time.monotonic()
+        except (RuntimeError, DistStoreError):  # the store is gone, and with it the notebook
+            return False
+        return time.monotonic() - self._seen < LEASE_S
+
+
+class Out:
+    """A stopped rank's stdout and stderr: pieces in the store (`keys.agent_out`), counted."""
+
+    def __init__(self, store: Any, rank: int) -> None:
+        self.store, self.rank = store, rank
+        self.written = 0  # what `Asker` reads to say how much the notebook should show
+        self._pieces = 0
+        self._buffer: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._buffer.append(text)
+        self.written += len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buffer:
+            text, self._buffer = "".join(self._buffer), []
+            self.store.set(keys.agent_out(self.rank, self._pieces), text)
+            self._pieces += 1
+            # where a notebook that attaches later starts reading: (pieces, characters)
+            self.store.set(keys.agent_out_count(self.rank), f"{self._pieces} {self.written}")
+
+    def isatty(self) -> bool:
+        return False
+
+
+class AgentAsker(Asker):
+    """`Asker` whose wait gives up (answering `DETACH`) when the notebook's lease runs out."""
+
+    def __init__(self, store: Any, rank: int, lease: Lease) -> None:
+        super().__init__(store, rank)
+        self.lease = lease
+
+    def _wait(self, key: str) -> str:
+        self.lease.renew()
+        while True:
+            try:
+                self.store.wait([key], _SLICE)
+            except DistStoreError:  # a slice passed without an answer
+                if not self.lease.alive():
+                    return DETACH
+                continue
+            except RuntimeError:  # the control plane is gone
+                return DETACH
+            value: bytes = self.store.get(key)
+            self.store.delete_key(key)
+            return value.decode()
+
+
+class AgentPdb(RankPdb):
+    """The debugger of a rank of an attached job (see the module). `detached` is set by the
+    serving thread: the main thread then stops tracing at its next event."""
+
+    def __init__(self, asker: AgentAsker) -> None:
+        super().__init__(asker, lambda filename: None)
+        self.out = Out(asker.store, asker.rank)
+        self.detached = False
+        self.on_stop: Any = None  # called with (stopped: bool, where: str) around each prompt
+
+    def interaction(self, frame: Any, tb: Any) -> None:
+        saved = sys.stdout, sys.stderr, self.stdout
+        sys.stdout = sys.stderr = self.stdout = self.out  # type: ignore[assignment]
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+        if self.on_stop is not None:
+            self.on_stop(True, where)
+        try:
+            super().interaction(frame, tb)
+        finally:
+            self.out.flush()
+            sys.stdout, sys.stderr, self.stdout = saved
+            if self.on_stop is not None:
+                self.on_stop(False, "")
+
+    def onecmd(self, line: str) -> bool:
+        if line == DETACH:
+            self.detach()
+            return True
+        if line.startswith(RUN):
+            self._run(line[len(RUN) :])
+            return False
+        return bool(super().onecmd(line))
+
+    def detach(self) -> None:
+        self.clear_all_breaks()
+        self.set_continue()
+        sys.settrace(None)
+
+    def trace_dispatch(self, frame: Any, event: str, arg: Any) -> Any:
+        __tracebackhide__ = True
+        if self.detached:
+            self.detached = False
+            self.detach()
+            return None
+        return super().trace_dispatch(frame, event, arg)
+
+    def _run(self, code: str) -> None:
+        """Run `code` in the current frame, as a notebook cell: its last expression shown."""
+        frame = self.curframe
+        assert frame is not None
+        names = frame.f_globals
+        local = self.curframe_locals
+        try:
+            try:
+                compiled = compile(code, "<notebook>", "eval")
+            except SyntaxError:
+                exec(compile(code, "<notebook>", "exec"), names, local)
+            else:
+                value = eval(compiled, names, local)
+                if value is not None:
+                    print(repr(value))
+        except Exception as exc:
+            print("".join(traceback.format_exception_only(type(exc), exc)).rstrip())

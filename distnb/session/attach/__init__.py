@@ -1,0 +1,112 @@
+"""Attaching the notebook to a job distnb did not start (`distnb.attach`, `%dist_attach`).
+
+- `attach(target)`: a job run through `python -m distnb.run` (its ranks run distnb's agent,
+  `distnb.rank.agent`), found by its run folder, its run id, a Slurm job id, or `host:port`;
+  returns an `AttachedJob` (`job`): status, live stacks, verdicts, timeline, stops, the text
+  debugger, code in stopped frames, detach;
+- `attach_processes()`: a torchrun job that did not opt in, read-only: its ranks found on this
+  machine by their environment, their stacks from py-spy (`procs`);
+- `link`: the connection to a job's control plane; `prompts`: stopped ranks for the text
+  debugger's desk; `verdict`: who waits for whom, where, and why (pure functions).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from distnb.errors import ConfigError, SessionError
+from distnb.jobfolder import JobFolder, base
+from distnb.records.attach import RankSnapshot
+from distnb.session.attach import procs
+from distnb.session.attach.job import AttachedJob
+from distnb.session.attach.link import Link
+from distnb.views.attach import JobView
+
+__all__ = ["AttachedJob", "attach", "attach_processes", "locate"]
+
+
+def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
+    """Attach to a running job of `python -m distnb.run`.
+
+    `target`: its run folder (`~/.distnb/runs/<run id>`), its run id, a Slurm job id (the run
+    of `python -m distnb.run` inside that job), or `host:port` of its control plane (a run
+    folder on this machine must hold its secret); None: the newest run that has not ended.
+    `timeout`: seconds to wait for rank 0's agent (a job that is still starting).
+
+    >>> job = distnb.attach()          # the newest run
+    >>> job.status()                   # per rank: state, collective, step; verdicts; stacks
+    >>> job.stop(); job.debug()        # the debugger on every rank, here
+    >>> job.detach()                   # the job goes on as it would have
+    """
+    folder = locate(target)
+    endpoint = folder.endpoint()
+    if folder.ended() is not None:
+        raise SessionError(
+            f"run {endpoint.run} has ended (exit status {folder.ended()}); nothing to attach to"
+        )
+    link = Link(endpoint, folder.secret(), connect_timeout_s=timeout)
+    deadline = time.monotonic() + timeout
+    while (first := link.registered(0)) is None:
+        if time.monotonic() > deadline:
+            link.close()
+            raise SessionError(
+                f"no agent of run {endpoint.run} has started in {timeout:g} s: its script has "
+                "not imported torch yet, or its workers do not run distnb's agent (see stderr "
+                "of the job for a line starting with 'distnb:')"
+            )
+        time.sleep(0.05)
+    return AttachedJob(folder, link, int(first["world_size"]))
+
+
+def locate(target: str | None) -> JobFolder:
+    """The run folder `target` names (see `attach`)."""
+    root = base()
+    if target is None:
+        runs = sorted(
+            (p for p in root.glob("*/endpoint.json") if not (p.parent / "ended").exists()),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if not runs:
+            raise ConfigError(
+                f"no running job under {root}: start one with `python -m distnb.run "
+                "[torchrun's options] train.py`, or name its run folder"
+            )
+        return JobFolder(runs[-1].parent)
+    path = Path(target).expanduser()
+    if (path / "endpoint.json").exists():
+        return JobFolder(path)
+    if target.isdigit() and (root / f"slurm-{target}").exists():
+        return JobFolder(root / f"slurm-{target}")
+    if (root / target / "endpoint.json").exists():
+        return JobFolder(root / target)
+    host, _, port = target.rpartition(":")
+    if host and port.isdigit():
+        for candidate in root.glob("*/endpoint.json"):
+            e = JobFolder(candidate.parent).endpoint()
+            if e.port == int(port) and host in (e.host, e.hostname):
+                return JobFolder(candidate.parent)
+        raise ConfigError(
+            f"no run folder under {root} is for {target}: attaching by address needs the run's "
+            "secret, which is in its run folder; copy the folder here or name it"
+        )
+    hint = f" (a Slurm job id: no run slurm-{target} here)" if target.isdigit() else ""
+    raise ConfigError(f"{target!r} is neither a run folder nor a run under {root}{hint}")
+
+
+def attach_processes(run: str | None = None) -> JobView:
+    """Read-only attach to a torchrun job without the agent (see `procs`): its ranks on this
+    machine, their py-spy stacks, and what stacks alone say."""
+    if procs.pyspy() is None:
+        raise ConfigError(
+            "attaching without the agent reads stacks with py-spy: pip install 'distnb[attach]'"
+        )
+    snaps: list[RankSnapshot] = procs.snapshots(run)
+    if not snaps:
+        raise ConfigError("no torchrun worker runs on this machine (none has RANK and "
+                          "TORCHELASTIC_RUN_ID in its environment)")  # fmt: skip
+    title = (
+        f"torchrun job on {snaps[0].host}, without distnb's agent: {len(snaps)} of "
+        f"{snaps[0].world_size} ranks found"
+    )
+    return JobView(title, tuple(snaps), tuple(procs.stack_verdicts(snaps)), procs.NEEDS_AGENT)

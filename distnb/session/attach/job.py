@@ -1,0 +1,263 @@
+"""`AttachedJob`: a running job distnb did not start, seen and driven from the notebook.
+
+Reading (`status`, `verdicts`, `timeline`) asks every rank's agent at once and judges what comes
+back with the functions distnb uses on its own ranks (`verdict`). A rank that does not answer is
+still shown: gone (its process has ended), or silent (alive, its serving thread not answering:
+its GIL held in native code), with its py-spy stack where py-spy is installed and the rank is on
+this machine.
+
+Driving (`stop`, `breakpoint`, `debug`, `run`, `detach`) goes through the agents' control
+(`distnb.rank.agent.control`): stopped ranks' prompts are served by the text debugger's desk,
+peers are held before their next collective while a rank is stopped, and `detach` lets every
+rank go on exactly as it would have.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from distnb.errors import ConfigError, SessionError
+from distnb.jobfolder import JobFolder
+from distnb.records.attach import AgentState, RankSnapshot
+from distnb.records.collective import CollectiveEvent, Fingerprint
+from distnb.session.attach import verdict
+from distnb.session.attach.link import Link
+from distnb.session.attach.procs import pyspy_stack
+from distnb.session.attach.prompts import JobPrompts
+from distnb.views.attach import JobView
+
+__all__ = ["DETACH", "RUN", "AttachedJob"]
+
+RUN = "\0run "  # the agent's own answers (distnb.rank.agent.stopped)
+DETACH = "\0detach"
+_STOPS = ("collective", "step")
+
+
+class AttachedJob:
+    """A job attached through its run folder (see `distnb.attach`)."""
+
+    def __init__(self, folder: JobFolder, link: Link, world_size: int) -> None:
+        self.folder = folder
+        self.link = link
+        self.ranks = list(range(world_size))
+        self.prompts = JobPrompts(link.store, self.ranks)
+        self.attached = True
+
+    def __repr__(self) -> str:
+        e = self.link.endpoint
+        return f"<AttachedJob {e.run}: {len(self.ranks)} ranks, {e.host}:{e.port}>"
+
+    def __enter__(self) -> AttachedJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def snapshots(self, timeout_s: float = 2.0) -> list[RankSnapshot]:
+        """Each rank's state and live stack, in rank order."""
+        replies = self._ask({"op": "status"}, None, timeout_s)
+        out = []
+        for rank in self.ranks:
+            reply = replies.get(rank)
+            if reply is not None and "ok" in reply:
+                out.append(RankSnapshot.from_dict(reply["ok"]))
+            else:
+                out.append(self._silent(rank))
+        return out
+
+    def _silent(self, rank: int) -> RankSnapshot:
+        info = self.link.registered(rank) or {}
+        host, pid = str(info.get("host", "?")), int(info.get("pid", 0))
+        here = host == socket.gethostname()
+        if not info:
+            words = "has not started its agent (the script has not imported torch yet?)"
+        elif here and not _alive(pid):
+            words = f"ended (process {pid} is gone)"
+        else:
+            words = "does not answer (alive; its GIL held in native code?)"
+        stack = pyspy_stack(pid) if here and pid and _alive(pid) else ()
+        source = "py-spy" if stack else "agent"
+        return RankSnapshot(rank, host, pid, AgentState.GONE, len(self.ranks),
+                            stack=stack, where=words, source=source)  # fmt: skip
+
+    def events(self, last: int = 1000) -> dict[int, list[tuple[CollectiveEvent, Fingerprint]]]:
+        """Each rank's last `last` collectives, with their fingerprints."""
+        replies = self._ask({"op": "events", "last": last}, None, 5.0)
+        return {
+            rank: [
+                (CollectiveEvent.from_dict(e["event"]), Fingerprint.from_dict(e["fp"]))
+                for e in reply["ok"]
+            ]
+            for rank, reply in sorted(replies.items())
+            if "ok" in reply
+        }
+
+    def verdicts(self, snapshots: Sequence[RankSnapshot] | None = None) -> list[str]:
+        """Who waits for whom, where, and why; mismatches the records show (see `verdict`)."""
+        snaps = self.snapshots() if snapshots is None else snapshots
+        recorded = self.events()
+        return verdict.verdicts(
+            snaps,
+            {r: [e for e, _ in es] for r, es in recorded.items()},
+            {r: [f for _, f in es] for r, es in recorded.items()},
+        )
+
+    def status(self) -> JobView:
+        """The status table, the verdicts and the grouped live stacks (`%dist_attach`)."""
+        snaps = self.snapshots()
+        e = self.link.endpoint
+        ended = self.folder.ended()
+        title = (
+            f"job {e.run} ({len(self.ranks)} ranks, launcher pid {e.launcher_pid} on {e.hostname})"
+        )
+        if ended is not None:
+            title += f": ended, exit status {ended}"
+        return JobView(title, tuple(snaps), tuple(self.verdicts(snaps)))
+
+    def timeline(self, last: int = 200) -> Any:
+        """The last collectives of every rank on a timeline (`distnb.views.timeline`)."""
+        from distnb.views.timeline import TimelineView
+
+        events = [e for es in self.events(last).values() for e, _ in es]
+        return TimelineView(events)
+
+    # --- driving ------------------------------------------------------------------------------
+
+    def stop(self, ranks: Sequence[int] | None = None, at: str = "collective") -> None:
+        """Stop `ranks` (default: all) in the debugger before their next collective, or after
+        their next optimizer step (`at="step"`); the other ranks are held before their next
+        collective meanwhile. Then `debug()` (or `run(code)`)."""
+        if at not in _STOPS:
+            raise ConfigError(f"at is 'collective' or 'step', not {at!r}")
+        chosen = self._ranks(ranks)
+        self.link.start_lease()
+        self._ask({"op": "stop", "at": at}, chosen)
+        others = [r for r in self.ranks if r not in chosen]
+        if others:
+            self._ask({"op": "hold"}, others)
+
+    def breakpoint(
+        self, where: str, cond: str | None = None, ranks: Sequence[int] | None = None
+    ) -> None:
+        """A breakpoint at `file:line` (a path, or the end of one: `train.py:52`) on `ranks`
+        (default: all), with an optional condition; it takes effect at the rank's next
+        collective or step. A file or line the rank does not have is refused, with why."""
+        file, _, line = where.rpartition(":")
+        if not file or not line.isdigit():
+            raise ConfigError(f"a breakpoint is FILE:LINE, e.g. train.py:52, not {where!r}")
+        self.link.start_lease()
+        request = {"op": "break", "file": file, "line": int(line), "cond": cond or ""}
+        self._ask(request, self._ranks(ranks))
+
+    def debug(self, wait_s: float = 60.0) -> None:
+        """Serve the stopped ranks' debugger prompts here (pdb's commands; `ranks`, `rank N`)
+        until no rank is stopped; wait up to `wait_s` for a first one to stop."""
+        from distnb.session.debugger.desk import Desk
+
+        desk = Desk(self.prompts, 0)
+        deadline = time.monotonic() + wait_s
+        held = False
+        while True:
+            if desk.serve(self.prompts) and not held:
+                held = True
+            snaps = self.snapshots(1.0)
+            stopped = [s.rank for s in snaps if s.state is AgentState.STOPPED]
+            if stopped:
+                deadline = time.monotonic() + 1.0
+                self.prompts.words = {s.rank: s.state.value for s in snaps}
+            elif time.monotonic() > deadline or (held and not self.prompts.open):
+                break
+            time.sleep(0.05)
+        self._ask({"op": "release"}, None)
+
+    def run(
+        self, code: str, ranks: Sequence[int] | None = None, timeout_s: float = 30.0
+    ) -> dict[int, str]:
+        """Run `code` in the frame each stopped rank is stopped in; its output, by rank
+        (printed with `[rank N]` too). The last expression's value is shown, as in a cell."""
+        asked = {r.rank: r for r in self._open_prompts(timeout_s)}
+        targets = (
+            [r for r in self._ranks(ranks) if r in asked] if ranks is None else self._ranks(ranks)
+        )
+        missing = [r for r in targets if r not in asked]
+        if not targets or missing:
+            who = ", ".join(map(str, missing)) if missing else "no rank"
+            raise SessionError(
+                f"{who} is not stopped: stop ranks first (job.stop(), %dist_attach --stop)"
+            )
+        for rank in targets:
+            self.prompts.answer(asked[rank].n, RUN + code)
+        out = {}
+        deadline = time.monotonic() + timeout_s
+        for rank in targets:
+            while rank not in {r.rank for r in self.prompts.asks()}:
+                if time.monotonic() > deadline:
+                    raise SessionError(f"rank {rank} did not finish the code in {timeout_s:g} s")
+                time.sleep(0.01)
+            request = self.prompts.open[rank]
+            while self.prompts.written(rank)[0] < request.stdout and time.monotonic() < deadline:
+                time.sleep(0.005)
+            out[rank] = self.prompts.take_output(rank)
+        for rank, text in out.items():
+            for line in text.rstrip("\n").split("\n") if text else []:
+                print(f"[rank {rank}] {line}")
+        return out
+
+    def _open_prompts(self, wait_s: float) -> list[Any]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            found = self.prompts.asks()
+            if found or time.monotonic() > deadline:
+                return found
+            if not any(s.state is AgentState.STOPPED for s in self.snapshots(1.0)):
+                return found
+            time.sleep(0.02)
+
+    def detach(self) -> None:
+        """Let every rank go on as it would have: breakpoints cleared, holds released, stopped
+        ranks resumed; the notebook lets go of the job's control plane."""
+        if not self.attached:
+            return
+        self._ask({"op": "detach"}, None)
+        for request in self.prompts.asks():
+            self.prompts.answer(request.n, DETACH)
+        self.link.close()
+        self.attached = False
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _ranks(self, ranks: Sequence[int] | None) -> list[int]:
+        if ranks is None:
+            return list(self.ranks)
+        bad = [r for r in ranks if r not in self.ranks]
+        if bad:
+            raise ConfigError(f"the job has ranks 0-{len(self.ranks) - 1}; no rank {bad[0]}")
+        return list(ranks)
+
+    def _ask(
+        self, request: dict[str, Any], ranks: Sequence[int] | None, timeout_s: float = 2.0
+    ) -> dict[int, dict[str, Any]]:
+        if not self.attached:
+            raise SessionError("this job is detached: attach again with distnb.attach(...)")
+        replies = self.link.ask(self.ranks if ranks is None else ranks, request, timeout_s)
+        errors = {r: rep["error"] for r, rep in replies.items() if "error" in rep}
+        if errors:
+            rank, error = min(errors.items())
+            raise ConfigError(f"rank {rank} refused {request['op']}: {error}")
+        return replies
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,109 @@
+"""The notebook's connection to an attached job: its control plane, and requests to its ranks.
+
+`Link.ask` posts one request to each rank's agent at once (numbered with the rank's counter,
+`keys.agent_calls`) and collects the replies as they come, so a status of 16 ranks costs one
+round of requests, not 16 in turn. A rank that does not answer in time is left out: the caller
+says what that means. `Link.lease` counts the job's lease up every second from a thread of its
+own while the notebook is attached (`distnb.rank.agent.stopped`): when the kernel dies, the
+count stops, and stopped or held ranks go on by themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from distnb import keys
+from distnb.errors import SessionError
+from distnb.jobfolder import Endpoint
+
+__all__ = ["Link"]
+
+_POLL_S = 0.002
+LEASE_EVERY_S = 1.0
+
+
+class Link:
+    """See the module. `secret` is the run's (hex), from its run folder."""
+
+    def __init__(self, endpoint: Endpoint, secret: str, connect_timeout_s: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self._secret = bytes.fromhex(secret)
+        self._timeout = timedelta(seconds=connect_timeout_s)
+        try:
+            self.store = self.client()
+        except RuntimeError as exc:
+            raise SessionError(
+                f"cannot reach the job's control plane at {endpoint.host}:{endpoint.port} "
+                f"(run {endpoint.run}, launcher pid {endpoint.launcher_pid} on "
+                f"{endpoint.hostname}): the job may have ended, or this machine cannot reach "
+                f"that address ({exc})"
+            ) from None
+        self._stop = threading.Event()
+        self._lease: threading.Thread | None = None
+
+    def client(self) -> Any:
+        import torch.distributed as dist
+
+        from distnb.rank.signed import SignedStore
+
+        e = self.endpoint
+        raw = dist.TCPStore(e.host, e.port, is_master=False, timeout=self._timeout)
+        return SignedStore(dist.PrefixStore(e.run, raw), self._secret)
+
+    def ask(
+        self, ranks: Iterable[int], request: dict[str, Any], timeout_s: float = 2.0
+    ) -> dict[int, dict[str, Any]]:
+        """Each rank's reply (`{"ok": ...}` or `{"error": ...}`); ranks silent for `timeout_s`
+        are left out."""
+        body = json.dumps(request)
+        pending = {}
+        for rank in ranks:
+            n = self.store.add(keys.agent_calls(rank), 1) - 1
+            self.store.set(keys.agent_request(rank, n), body)
+            pending[rank] = keys.agent_reply(rank, n)
+        replies: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for rank, key in list(pending.items()):
+                if self.store.check([key]):
+                    replies[rank] = json.loads(self.store.get(key))
+                    self.store.delete_key(key)
+                    del pending[rank]
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(_POLL_S)
+        return replies
+
+    def registered(self, rank: int) -> dict[str, Any] | None:
+        """What rank `rank`'s agent said at its start (host, pid, local rank, world size)."""
+        key = keys.agent_rank(rank)
+        if not self.store.check([key]):
+            return None
+        raw = self.store.multi_get([key])[0]
+        return json.loads(raw) if raw else None
+
+    def start_lease(self) -> None:
+        if self._lease is None:
+            self._lease = threading.Thread(target=self._renew, name="distnb-lease", daemon=True)
+            self._lease.start()
+
+    def _renew(self) -> None:
+        store, n = self.client(), 0
+        while not self._stop.is_set():
+            n += 1
+            try:
+                store.set(keys.AGENT_LEASE, str(n))
+            except RuntimeError:  # the job has ended
+                return
+            self._stop.wait(LEASE_EVERY_S)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._lease is not None:
+            self._lease.join(timeout=2 * LEASE_EVERY_S)
+        self.store = None
