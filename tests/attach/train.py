@@ -6,9 +6,10 @@ MODE (environment): `ok` (the default), `hang` (rank 1 skips the metrics all_red
 SKIP_AT, then every rank saves a "checkpoint" it never finishes: rank 0 waits for rank 1 in its
 last all_reduce), `mismatch` (at step SKIP_AT the ranks broadcast tensors of different shapes:
 plain gloo gives rank 1 a half-written tensor, silently), `nan` (rank 1's batch of step SKIP_AT
-holds an inf: every rank's weights go NaN), `wait` (every rank waits for the file READY before
-each step: a job that is still running when the test looks). The final loss is printed with
-all its bits (`final <rank> <loss.hex()>`).
+holds an inf: every rank's weights go NaN), `wait` (as `ok`). With READY set, every
+rank waits for that file before each step: a job that is still running when the test looks.
+LINGER: every mode ends in the "checkpoint" sleep, so the job is there to attach to. The final
+loss is printed with all its bits (`final <rank> <loss.hex()>`).
 """
 
 import os
@@ -37,7 +38,7 @@ def main() -> None:
     data = torch.Generator().manual_seed(rank)
     loss = torch.zeros(())
     for step in range(STEPS):
-        while MODE == "wait" and not READY.exists():
+        while "READY" in os.environ and not READY.exists():
             time.sleep(0.01)
         x = torch.randn(4, 8, generator=data)
         if MODE == "nan" and rank == 1 and step == SKIP_AT:
@@ -58,7 +59,7 @@ def main() -> None:
             start += p.numel()
         opt.step()
     print(f"final {rank} {loss.item().hex()}", flush=True)
-    if MODE == "hang":
+    if MODE == "hang" or os.environ.get("LINGER"):
         time.sleep(3600)  # "saving a checkpoint"
     dist.destroy_process_group()
 

@@ -105,7 +105,7 @@ class Control:
 
     def _stop(self, frame: FrameType, why: str) -> None:
         debugger = self.debugger()
-        debugger.message(f"distnb: rank {self.agent.rank} stopped {why}")
+        debugger.header = f"distnb: rank {self.agent.rank} stopped {why}"
         debugger.reset()
         debugger.interaction(frame, None)
         if debugger.quitting:
@@ -125,13 +125,14 @@ class Control:
 
     def _trace(self, frame: FrameType) -> None:
         debugger = self.debugger()
-        if debugger.get_all_breaks() == {} and sys.gettrace() is None:
-            debugger.reset()  # a debugger that has not traced yet
+        if sys.gettrace() is None:
+            debugger.reset()  # a debugger that is not tracing yet
         for file, line, cond in self.breaks:
             debugger.set_break(file, line, cond=cond)
         self.breaks = []
-        _trace_from(debugger, frame)
-        debugger.set_continue()
+        _mark_frames(debugger, frame)
+        debugger.set_continue()  # breakpoints only; before tracing, or it would trace itself
+        sys.settrace(debugger.trace_dispatch)
 
     def debugger(self) -> AgentPdb:
         if self._debugger is None:
@@ -158,10 +159,16 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
 
 def _trace_from(debugger: AgentPdb, frame: FrameType) -> None:
     """Trace `frame` and its callers with `debugger`, as `Bdb.set_trace` does, keeping the
-    stepping command the user gave (or none: breakpoints only)."""
+    stepping command the user gave."""
+    _mark_frames(debugger, frame)
+    sys.settrace(debugger.trace_dispatch)
+
+
+def _mark_frames(debugger: AgentPdb, frame: FrameType) -> None:
+    """`frame` and its callers traced by `debugger` once tracing is on; the outermost is its
+    bottom frame."""
     bottom: FrameType | None = frame
     while bottom is not None:
         bottom.f_trace = debugger.trace_dispatch
         debugger.botframe = bottom
         bottom = bottom.f_back
-    sys.settrace(debugger.trace_dispatch)

@@ -24,6 +24,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Server", "check_line", "find_file", "main_stack"]
 
 _FOREVER = timedelta(days=365)
+_STRANGER_S = 0.05
 _MAIN = threading.main_thread()
 _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
@@ -61,10 +63,17 @@ class Server(threading.Thread):
             key = keys.agent_request(rank, n)
             try:
                 store.wait([key], _FOREVER)
-                request = json.loads(store.get(key))
-                store.delete_key(key)
-            except (RuntimeError, ValueError):  # the control plane is gone: nobody can attach
+                raw = store.multi_get([key])[0]  # b"": a value the run did not sign
+            except RuntimeError:  # the control plane is gone: nobody can attach
                 return
+            if not raw:  # a stranger's: wait for the notebook's own to replace it
+                time.sleep(_STRANGER_S)
+                continue
+            store.delete_key(key)
+            try:
+                request = json.loads(raw)
+            except ValueError:
+                request = {}
             try:
                 reply: Any = {"ok": self.handle(request)}
             except Exception as exc:

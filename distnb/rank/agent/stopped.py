@@ -117,6 +117,7 @@ class AgentPdb(RankPdb):
         self.out = Out(asker.store, asker.rank)
         self.detached = False
         self.on_stop: Any = None  # called with (stopped: bool, where: str) around each prompt
+        self.header = ""  # said once, before the next prompt
 
     def interaction(self, frame: Any, tb: Any) -> None:
         saved = sys.stdout, sys.stderr, self.stdout
@@ -124,6 +125,9 @@ class AgentPdb(RankPdb):
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
         if self.on_stop is not None:
             self.on_stop(True, where)
+        if self.header:
+            self.message(self.header)
+            self.header = ""
         try:
             super().interaction(frame, tb)
         finally:

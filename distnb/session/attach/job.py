@@ -191,10 +191,15 @@ class AttachedJob:
             raise SessionError(
                 f"{who} is not stopped: stop ranks first (job.stop(), %dist_attach --stop)"
             )
-        for rank in targets:
+        deadline = time.monotonic() + timeout_s
+        for rank in targets:  # what the rank printed before this prompt is shown, not returned
+            while (
+                self.prompts.written(rank)[0] < asked[rank].stdout and time.monotonic() < deadline
+            ):
+                time.sleep(0.005)
+            _show({rank: self.prompts.take_output(rank)})
             self.prompts.answer(asked[rank].n, RUN + code)
         out = {}
-        deadline = time.monotonic() + timeout_s
         for rank in targets:
             while rank not in {r.rank for r in self.prompts.asks()}:
                 if time.monotonic() > deadline:
@@ -204,9 +209,7 @@ class AttachedJob:
             while self.prompts.written(rank)[0] < request.stdout and time.monotonic() < deadline:
                 time.sleep(0.005)
             out[rank] = self.prompts.take_output(rank)
-        for rank, text in out.items():
-            for line in text.rstrip("\n").split("\n") if text else []:
-                print(f"[rank {rank}] {line}")
+        _show(out)
         return out
 
     def _open_prompts(self, wait_s: float) -> list[Any]:
@@ -251,6 +254,12 @@ class AttachedJob:
             rank, error = min(errors.items())
             raise ConfigError(f"rank {rank} refused {request['op']}: {error}")
         return replies
+
+
+def _show(out: dict[int, str]) -> None:
+    for rank, text in out.items():
+        for line in text.rstrip("\n").split("\n") if text else []:
+            print(f"[rank {rank}] {line}")
 
 
 def _alive(pid: int) -> bool:

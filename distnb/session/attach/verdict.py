@@ -16,8 +16,10 @@ They are the verdicts distnb gives its own ranks, from the same functions:
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from distnb import matching
 from distnb.ranklist import format_ranks
@@ -85,7 +87,7 @@ def verdicts(
     else:
         out.extend(_desyncs(blocked, by_rank))
     if blocked:
-        skipped = skipped_call([e for es in events.values() for e in es], blocked)
+        skipped = _skipped(events, snapshots, blocked)
         if skipped:
             out.append(skipped)
     stuck = [w for w in waiting if not w.waiting_for]
@@ -128,6 +130,24 @@ def _absent_words(s: RankSnapshot | None) -> str | None:
         return "runs"
     code = f" ({top.code})" if top.code else ""
     return f"runs at {top.file}:{top.line}{code}"
+
+
+def _skipped(
+    events: Mapping[int, Sequence[CollectiveEvent]],
+    snapshots: Sequence[RankSnapshot],
+    blocked: Sequence[Beacon],
+) -> str:
+    """`skipped_call` over the records, the rank that made the fewest calls tried first: where
+    the records alone cannot tell whether one rank skipped a call or its peer made an extra
+    one (`skipped_call` names the first rank that fits), the rank behind skipped it. Ranks are
+    renumbered for the call and named back in its sentence."""
+    made = {s.rank: sum(n for _, n in s.calls) for s in snapshots}
+    order = sorted({*events, *(w.rank for w in blocked)}, key=lambda r: (made.get(r, 0), r))
+    new = {r: i for i, r in enumerate(order)}
+    renamed = [replace(e, rank=new[e.rank]) for r in order for e in events.get(r, ())]
+    waiting = [replace(w, rank=new[w.rank]) for w in blocked]
+    sentence = skipped_call(renamed, waiting)
+    return re.sub(r"rank (\d+)", lambda m: f"rank {order[int(m.group(1))]}", sentence)
 
 
 def _by_call(ws: Sequence[Beacon]) -> dict[tuple[str, int], list[Beacon]]:

@@ -1,0 +1,68 @@
+"""Real torchrun jobs for the attach tests: `tests/attach/train.py` under torch's own launcher,
+through `python -m distnb.run` (with distnb's agent) or plain `torchrun` (without), gloo on CPU,
+in a session of their own so that every process of a job is ended after its test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+TRAIN = Path(__file__).with_name("train.py")
+START_S = 120.0  # a job's start on a busy 2-core machine (imports, rendezvous)
+
+
+class Job:
+    """A running job: its launcher process, run folder and log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], folder: Path, log: Path) -> None:
+        self.proc, self.folder, self.log = proc, folder, log
+
+    def finals(self, timeout_s: float = START_S) -> dict[int, str]:
+        """`final <rank> <loss bits>` of each rank, once the job has ended."""
+        self.proc.wait(timeout=timeout_s)
+        found = re.findall(r"final (\d+) (\S+)", self.log.read_text())
+        return {int(r): bits for r, bits in found}
+
+    def wait_for(self, pattern: str, timeout_s: float = START_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not re.search(pattern, self.log.read_text()):
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no {pattern!r}:\n{self.log.read_text()[-3000:]}"
+            time.sleep(0.1)
+
+
+@contextmanager
+def job(
+    tmp: Path, mode: str = "ok", *, agent: bool = True, n: int = 2, **env: str
+) -> Iterator[Job]:
+    """A job of `n` ranks running `train.py` in `mode` (see its docstring); ended after."""
+    runs = tmp / "runs"
+    name = f"{mode}-{len(list(tmp.glob('*.log')))}"
+    launcher = (
+        ["-m", "distnb.run", "--distnb-run", name] if agent else ["-m", "torch.distributed.run"]
+    )
+    argv = [sys.executable, *launcher, "--standalone", f"--nproc-per-node={n}", str(TRAIN)]
+    environ = {**os.environ, "DISTNB_RUNS": str(runs), "MODE": mode, **env}
+    log = tmp / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ,
+                                cwd=tmp, start_new_session=True)  # fmt: skip
+    try:
+        yield Job(proc, runs / name, log)
+    finally:
+        with_group(proc)
+
+
+def with_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the job's whole session (launcher, workers, their children)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)

@@ -1,0 +1,134 @@
+"""Attaching to real torchrun jobs (torch's own launcher, gloo on CPU) that hang, mismatch,
+go NaN, or run on: the verdicts, stops, code in stopped frames, detach, and a stranger."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import distnb
+from distnb import keys
+from distnb.records.attach import AgentState
+from distnb.session.attach import AttachedJob, attach_processes, procs
+from tests.attach.jobs import TRAIN, job
+
+pytestmark = pytest.mark.gloo
+
+GRADS, METRICS, CHECKPOINT = 50, 53, 63  # lines of train.py
+
+
+def settled(j: AttachedJob, want: dict[int, AgentState], timeout_s: float = 120.0) -> list:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snaps = j.snapshots()
+        if all(snaps[r].state is s for r, s in want.items()):
+            return snaps
+        assert time.monotonic() < deadline, [(s.rank, s.state, s.where) for s in snaps]
+        time.sleep(0.2)
+
+
+def attached(folder: Path) -> AttachedJob:
+    deadline = time.monotonic() + 120
+    while not (folder / "endpoint.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return distnb.attach(str(folder), timeout=120)
+
+
+def test_a_rank_that_skipped_a_collective_is_named_with_both_lines(tmp_path: Path) -> None:
+    with job(tmp_path, "hang", STEPS="8", SKIP_AT="3") as jb:
+        j = attached(jb.folder)
+        snaps = settled(j, {0: AgentState.COLLECTIVE, 1: AgentState.RUNNING})
+        assert snaps[0].current is not None and snaps[0].current.seq == 15
+        assert snaps[1].stack[-1].line == CHECKPOINT and snaps[0].step == 7
+        verdicts = j.verdicts()
+        train = str(TRAIN)
+        assert (
+            f'rank 1 runs at {train}:{CHECKPOINT} (time.sleep(3600)  # "saving a checkpoint") '
+            f"without calling all_reduce #15 on WORLD, which rank 0 waits at {train}:{METRICS}"
+        ) in verdicts
+        assert (
+            f"rank 1 skipped all_reduce #7 at {train}:{METRICS} (rank 0 called it); rank 1's #7 "
+            f"was its call at {train}:{GRADS}"
+        ) in verdicts
+        text = repr(j.status())
+        assert "in all_reduce #15 on WORLD" in text and "rank 1:" in text
+        if procs.pyspy() is not None:  # the same job read without the agent: stacks only
+            run = next(
+                env["TORCHELASTIC_RUN_ID"] for pid, env in procs.find_ranks() if pid == snaps[0].pid
+            )
+            view = attach_processes(run)
+            assert f"rank 0 sits in all_reduce at {train}:{METRICS}" in view.verdicts
+            assert f"rank 1 runs outside any collective, at {train}:{CHECKPOINT} in main" in (
+                view.verdicts
+            )
+            assert "need the agent" in view.note
+        j.detach()
+
+
+def test_a_shape_mismatch_gloo_let_through_is_named(tmp_path: Path) -> None:
+    with job(tmp_path, "mismatch", STEPS="4", SKIP_AT="2", LINGER="1") as jb:
+        jb.wait_for(r"final 1 ")
+        j = attached(jb.folder)
+        found = [v for v in j.verdicts() if v.startswith("shape mismatch")]
+        assert found and found[0].startswith("shape mismatch in broadcast #6 on WORLD")
+        assert "rank 0: broadcast(float32[4], src=0)" in found[0]
+        assert "rank 1: broadcast(float32[8], src=0)" in found[0]
+        j.detach()
+
+
+def test_stopped_and_resumed_the_job_ends_bit_for_bit_as_never_attached(tmp_path: Path) -> None:
+    ready = tmp_path / "READY"
+    ready.touch()
+    with job(tmp_path, "wait", STEPS="6", READY=str(ready), agent=False) as plain:
+        expected = plain.finals()
+    ready.unlink()
+    with job(tmp_path, "wait", STEPS="6", READY=str(ready)) as jb:
+        j = attached(jb.folder)
+        with pytest.raises(distnb.errors.ConfigError, match="no rank 5"):
+            j.stop([5])
+        with pytest.raises(distnb.errors.ConfigError, match=r"rank 0 refused break: .*nothere"):
+            j.breakpoint("nothere.py:3")
+        j.stop()
+        ready.touch()
+        settled(j, {0: AgentState.STOPPED, 1: AgentState.STOPPED})
+        out = j.run("(step, flat.shape)")
+        assert out == {0: "(0, torch.Size([9]))\n", 1: "(0, torch.Size([9]))\n"}
+        j.detach()
+        assert jb.finals() == expected and len(expected) == 2
+
+
+def test_a_nan_rank_is_found_from_the_stopped_frames(tmp_path: Path) -> None:
+    ready = tmp_path / "READY"
+    with job(tmp_path, "nan", STEPS="6", SKIP_AT="2", READY=str(ready), LINGER="1") as jb:
+        j = attached(jb.folder)
+        j.breakpoint(f"{TRAIN.name}:{GRADS}", cond="step == 2")
+        ready.touch()  # the breakpoint is set at each rank's first collective
+        snaps = settled(j, {0: AgentState.STOPPED, 1: AgentState.STOPPED})
+        assert [s.where for s in snaps] == [f"{TRAIN}:{GRADS}"] * 2
+        out = j.run("bool(flat.isfinite().all())")
+        assert out == {0: "True\n", 1: "False\n"}
+        j.detach()
+        jb.wait_for(r"final 1 ")  # resumed: the job reaches its end
+
+
+def test_a_stranger_on_the_port_is_never_believed(tmp_path: Path) -> None:
+    ready = tmp_path / "READY"
+    with job(tmp_path, "wait", STEPS="4", READY=str(ready)) as jb:
+        j = attached(jb.folder)
+        e = j.link.endpoint
+        stranger = dist.TCPStore(e.host, e.port, is_master=False,
+                                 timeout=datetime.timedelta(seconds=5))  # fmt: skip
+        for rank in (0, 1):
+            n = stranger.add(f"{e.run}/{keys.agent_calls(rank)}", 1) - 1
+            stranger.set(f"{e.run}/{keys.agent_request(rank, n)}", '{"op": "stop"}')
+        stranger.set(f"{e.run}/{keys.AGENT_LEASE}", "999")
+        snaps = j.snapshots()  # the notebook's own requests replace the forged ones
+        assert [s.state for s in snaps] == [AgentState.RUNNING] * 2
+        j.detach()
+        ready.touch()
+        assert set(jb.finals()) == {0, 1}
