@@ -58,11 +58,18 @@ def job(
     try:
         yield Job(proc, runs / name, log)
     finally:
-        with_group(proc)
+        end(proc, str(runs))
 
 
-def with_group(proc: subprocess.Popen[bytes]) -> None:
-    """End the job's whole session (launcher, workers, their children)."""
+def end(proc: subprocess.Popen[bytes], mark: str) -> None:
+    """End the launcher's session and every worker (torch's launcher starts each worker in a
+    session of its own): the processes whose environment holds `mark`, this job's run base."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    needle = f"DISTNB_RUNS={mark}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
     proc.wait(timeout=30)

@@ -18,7 +18,7 @@ from tests.attach.jobs import TRAIN, job
 
 pytestmark = pytest.mark.gloo
 
-GRADS, METRICS, CHECKPOINT = 50, 53, 63  # lines of train.py
+GRADS, METRICS, CHECKPOINT = 53, 56, 67  # lines of train.py
 
 
 def settled(j: AttachedJob, want: dict[int, AgentState], timeout_s: float = 120.0) -> list:

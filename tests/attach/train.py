@@ -37,7 +37,10 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(rank)
     loss = torch.zeros(())
+    warm = min(10, STEPS - 1)
     for step in range(STEPS):
+        if step == warm:
+            t0 = time.perf_counter()
         while "READY" in os.environ and not READY.exists():
             time.sleep(0.01)
         x = torch.randn(4, 8, generator=data)
@@ -58,7 +61,8 @@ def main() -> None:
             p.grad.copy_(flat[start : start + p.numel()].view_as(p) / dist.get_world_size())
             start += p.numel()
         opt.step()
-    print(f"final {rank} {loss.item().hex()}", flush=True)
+    per_step = (time.perf_counter() - t0) / max(1, STEPS - warm)
+    print(f"final {rank} {loss.item().hex()} step_s {per_step:.9f}", flush=True)
     if MODE == "hang" or os.environ.get("LINGER"):
         time.sleep(3600)  # "saving a checkpoint"
     dist.destroy_process_group()
