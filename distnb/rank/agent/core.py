@@ -59,9 +59,14 @@ class Agent:
 
     def connect(self) -> Any:
         """A client of the job's control plane, signed (each thread that waits has its own)."""
+        return self.connect_raw()[1]
+
+    def connect_raw(self) -> tuple[Any, Any]:
+        """(the client unsigned, for waits that must not wait on a stranger's value; signed)."""
         e = self.endpoint
         client = dist.TCPStore(e.host, e.port, is_master=False, timeout=timedelta(seconds=30))
-        return SignedStore(dist.PrefixStore(e.run, client), self._secret)
+        raw = dist.PrefixStore(e.run, client)
+        return raw, SignedStore(raw, self._secret)
 
     def start(self) -> None:
         os.environ[PID_VAR] = str(os.getpid())

@@ -55,23 +55,25 @@ class Server(threading.Thread):
 
     def run(self) -> None:
         try:
-            store = self.agent.connect()
+            raw, store = self.agent.connect_raw()
         except RuntimeError:
             return
         rank, n = self.agent.rank, 0
         while True:
             key = keys.agent_request(rank, n)
             try:
-                store.wait([key], _FOREVER)
-                raw = store.multi_get([key])[0]  # b"": a value the run did not sign
+                raw.wait([key], _FOREVER)  # unsigned: a stranger's value must not hold it
+                value = store.multi_get([key])[0]  # b"": a value the run did not sign
             except RuntimeError:  # the control plane is gone: nobody can attach
                 return
-            if not raw:  # a stranger's: wait for the notebook's own to replace it
+            if not value:  # a stranger's value, which the run's own may replace
                 time.sleep(_STRANGER_S)
+                if store.add(keys.agent_calls(rank), 0) > n + 1:  # a later number is out:
+                    n += 1  # this one will not be the notebook's (a stranger counted up)
                 continue
             store.delete_key(key)
             try:
-                request = json.loads(raw)
+                request = json.loads(value)
             except ValueError:
                 request = {}
             try:
