@@ -28,6 +28,6 @@ def test_a_killed_notebook_leaves_the_job_running(tmp_path: Path) -> None:
             bad = execute(kc, "%dist_attach --stop --at nowhere")
             assert "at is 'collective' or 'step', not 'nowhere'" in bad.text
             assert execute(kc, "%dist_attach --stop").status == "ok"
-            km.kill_kernel()  # the notebook dies with the ranks about to stop
+            km.shutdown_kernel(now=True)  # the notebook dies with the ranks about to stop
         ready.touch()
         assert set(jb.finals(timeout_s=120)) == {0, 1}  # stopped, then on by itself
