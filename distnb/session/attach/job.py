@@ -197,7 +197,7 @@ class AttachedJob:
                 self.prompts.written(rank)[0] < asked[rank].stdout and time.monotonic() < deadline
             ):
                 time.sleep(0.005)
-            _show({rank: self.prompts.take_output(rank)})
+            _show({rank: self.prompts.take(rank)})
             self.prompts.answer(asked[rank].n, RUN + code)
         out = {}
         for rank in targets:
@@ -208,7 +208,7 @@ class AttachedJob:
             request = self.prompts.open[rank]
             while self.prompts.written(rank)[0] < request.stdout and time.monotonic() < deadline:
                 time.sleep(0.005)
-            out[rank] = self.prompts.take_output(rank)
+            out[rank] = self.prompts.take(rank)
         _show(out)
         return out
 

@@ -92,7 +92,12 @@ class JobPrompts:
                 print("\n".join(f"[rank {rank}] {line}" for line in lines), flush=True)
         self._unshown.clear()
 
-    def take_output(self, rank: int) -> str:
+    def take_output(self, upto: dict[int, tuple[int, int]]) -> dict[int, str]:
+        """Each rank's output not shown yet, now counted as shown (the pieces come whole, so
+        the counts are reached once they are pulled)."""
+        return {rank: self.take(rank) for rank in upto}
+
+    def take(self, rank: int) -> str:
         """What the rank printed and was not shown yet (for `run`, which returns it)."""
         self.written(rank)
         return self._unshown.pop(rank, "")
