@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,14 @@ pytestmark = pytest.mark.gloo
 GRADS, METRICS, CHECKPOINT = 53, 56, 67  # lines of train.py
 
 
-def settled(j: AttachedJob, want: dict[int, AgentState], timeout_s: float = 120.0) -> list:
-    deadline = time.monotonic() + timeout_s
+def settled(
+    j: AttachedJob, want: dict[int, AgentState], until: Callable[[list], bool] = lambda s: True
+) -> list:
+    """The ranks' snapshots once every rank in `want` is in its state and `until` holds."""
+    deadline = time.monotonic() + 120
     while True:
         snaps = j.snapshots()
-        if all(snaps[r].state is s for r, s in want.items()):
+        if all(snaps[r].state is s for r, s in want.items()) and until(snaps):
             return snaps
         assert time.monotonic() < deadline, [(s.rank, s.state, s.where) for s in snaps]
         time.sleep(0.2)
@@ -39,12 +43,18 @@ def attached(folder: Path) -> AttachedJob:
     return distnb.attach(str(folder), timeout=120)
 
 
+def hung(snaps: list) -> bool:
+    """Rank 0 in its last all_reduce, rank 1 in the "checkpoint" it never finishes."""
+    call = snaps[0].current
+    return call is not None and call.seq == 15 and snaps[1].stack[-1].line == CHECKPOINT
+
+
 def test_a_rank_that_skipped_a_collective_is_named_with_both_lines(tmp_path: Path) -> None:
     with job(tmp_path, "hang", STEPS="8", SKIP_AT="3") as jb:
         j = attached(jb.folder)
-        snaps = settled(j, {0: AgentState.COLLECTIVE, 1: AgentState.RUNNING})
-        assert snaps[0].current is not None and snaps[0].current.seq == 15
-        assert snaps[1].stack[-1].line == CHECKPOINT and snaps[0].step == 7
+        jb.wait_for(r"final 1 ")  # rank 1 has left the loop
+        snaps = settled(j, {0: AgentState.COLLECTIVE, 1: AgentState.RUNNING}, hung)
+        assert snaps[0].step == 7 and snaps[1].step == 8
         verdicts = j.verdicts()
         train = str(TRAIN)
         assert (

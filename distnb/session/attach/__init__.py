@@ -32,7 +32,7 @@ def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
     `target`: its run folder (`~/.distnb/runs/<run id>`), its run id, a Slurm job id (the run
     of `python -m distnb.run` inside that job), or `host:port` of its control plane (a run
     folder on this machine must hold its secret); None: the newest run that has not ended.
-    `timeout`: seconds to wait for rank 0's agent (a job that is still starting).
+    `timeout`: seconds to wait for the ranks' agents (a job that is still starting).
 
     >>> job = distnb.attach()          # the newest run
     >>> job.status()                   # per rank: state, collective, step; verdicts; stacks
@@ -56,7 +56,12 @@ def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
                 "of the job for a line starting with 'distnb:')"
             )
         time.sleep(0.05)
-    return AttachedJob(folder, link, int(first["world_size"]))
+    world = int(first["world_size"])
+    # every rank's agent, so that a first request reaches all of them; one still missing at
+    # the deadline is shown as such by the status (it has not imported torch, or it died)
+    while time.monotonic() < deadline and any(link.registered(r) is None for r in range(world)):
+        time.sleep(0.05)
+    return AttachedJob(folder, link, world)
 
 
 def locate(target: str | None) -> JobFolder:
