@@ -1,86 +1,191 @@
-"""The attach agent's cost and speed, on real torchrun jobs (`tests/attach/train.py`, gloo, CPU).
+"""What attaching costs and how fast it answers, on real torchrun jobs (gloo, CPU).
 
-1. Idle cost per training step: the same job under `python -m distnb.run` (the agent loaded,
-   nobody attached) and under plain `torchrun`, rounds interleaved; each job reports its mean
-   step time over its steps after the first 10; the ratio of medians with its 95% interval.
-2. Status of every rank (`AttachedJob.status()`: states, stacks, verdicts) of a hung job of N
-   ranks, against `py-spy dump` run on each rank's process in turn, in the same run.
+    python bench/bench_attach.py [--rounds 10] [--steps 300] [--ranks 2 4]
 
-    .venv/bin/python bench/bench_attach.py [--rounds 5] [--steps 300] [--ranks 4]
+1. **Idle cost per training step.** The same job (`bench/attach_job.py`, 2 ranks) under plain
+   torchrun (`python -m torch.distributed.run`), under `python -m distnb.run` (every rank runs
+   distnb's agent: the recorder at every collective, its serving thread; nobody attached), and
+   under plain torchrun again (the control: its ratio to the first is the noise floor). The
+   three take turns in each round, each in every place of the order in turn. Each job prints
+   each rank's mean step time over its timed steps; a job's figure is its slowest rank's. Two
+   workloads: `tiny`, a step that is almost only two small `dist.all_reduce`s (the worst case:
+   the agent's cost is per collective), and `mlp`, a small DDP MLP (its bucket all_reduced by
+   DDP's reducer, from C++, plus one metric all_reduce).
+2. **Time to the first verdict.** A job of N ranks that hangs (`tests/attach/train.py`, MODE
+   hang: rank 1 skipped an all_reduce, rank 0 waits in its last one): from `distnb.attach(run
+   folder)` to `verdicts()` returning the sentence that names the skipped call and both lines,
+   attached afresh each round.
+3. **Stacks of every rank.** On the same hung job: `snapshots()` (every rank's state and live
+   Python stack, one request to all agents at once), against `py-spy dump` run on each rank's
+   process in turn, and against N `py-spy dump`s started at once; the three take turns.
+
+Printed times are medians over rounds with their 95% interval (`median_ci`); ratios are the
+quotient of two medians with a 95% interval from a paired bootstrap over rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.median_ci import median_ci, ratio_of_medians
+from median_ci import median_ci, ratio_of_medians
+from results import saved
+
 from tests.attach.jobs import job
 
+JOB = Path(__file__).with_name("attach_job.py")
+VARIANTS = ("plain", "agent", "again")
 
-def step_time(tmp: Path, agent: bool, steps: int) -> float:
-    with job(tmp, "ok", agent=agent, STEPS=str(steps)) as jb:
-        jb.finals(600)
-        return statistics.mean(float(x) for x in re.findall(r"step_s (\S+)", jb.log.read_text()))
+
+def ms(values: list[float]) -> str:
+    lo, hi = median_ci(values)
+    return f"{statistics.median(values) * 1e3:8.2f} [{lo * 1e3:.2f}-{hi * 1e3:.2f}]"
+
+
+def ratio(values: list[float], base: list[float]) -> str:
+    r, lo, hi = ratio_of_medians(values, base)
+    return f"{r:.3f}x [{lo:.3f}-{hi:.3f}]"
+
+
+def step_time(tmp: Path, variant: str, work: str, steps: int) -> float:
+    agent = variant == "agent"
+    with job(tmp, work, agent=agent, script=JOB, WORK=work, STEPS=str(steps)) as jb:
+        jb.proc.wait(timeout=600)
+        text = jb.log.read_text()
+    import re
+
+    found = [float(x) for x in re.findall(r"step_s (\d+\.\d{9})", text)]
+    assert len(found) == 2 and jb.proc.returncode == 0, text[-2000:]
+    return max(found)
 
 
 def idle_cost(rounds: int, steps: int) -> None:
-    agent, plain = [], []
-    with tempfile.TemporaryDirectory() as d:
+    print(f"# idle cost: 2 ranks, {rounds} rounds, {steps} steps per job ({20} untimed)")
+    print(f"{'workload':<8} {'plain ms [95%]':>22} {'agent ms [95%]':>22}  "
+          f"{'agent/plain [95%]':<22} control (again/plain)")  # fmt: skip
+    for work in ("tiny", "mlp"):
+        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        with tempfile.TemporaryDirectory() as d:
+            for i in range(rounds):
+                order = VARIANTS[i % 3 :] + VARIANTS[: i % 3]
+                for variant in order:
+                    times[variant].append(step_time(Path(d), variant, work, steps))
+        plain, agent, again = times["plain"], times["agent"], times["again"]
+        print(f"{work:<8} {ms(plain):>22} {ms(agent):>22}  {ratio(agent, plain):<22} "
+              f"{ratio(again, plain)}", flush=True)  # fmt: skip
+
+
+def hung_job(ranks: int, measure: Callable[[Path, list[int]], None]) -> None:
+    """A job of `ranks` ranks hung as the attach tests' is; `measure(run folder, pids)`."""
+    import distnb
+    from distnb.records.attach import AgentState
+
+    with tempfile.TemporaryDirectory() as d, job(Path(d), "hang", n=ranks, STEPS="8",
+                                                 SKIP_AT="3") as jb:  # fmt: skip
+        jb.wait_for(r"final 1 ", timeout_s=600)
+        j = distnb.attach(str(jb.folder), timeout=600)
+        deadline = time.monotonic() + 600
+        while True:  # every rank but 1 in its last all_reduce
+            snaps = j.snapshots(10.0)
+            waiting = [s for s in snaps if s.state is AgentState.COLLECTIVE]
+            if len(waiting) == ranks - 1 and all(s.current.seq == 15 for s in waiting):
+                break
+            assert time.monotonic() < deadline, [(s.rank, s.state) for s in snaps]
+            time.sleep(0.2)
+        pids = [s.pid for s in snaps]
+        j.detach()
+        measure(jb.folder, pids)
+
+
+def first_verdict(ranks: int, rounds: int) -> None:
+    import distnb
+
+    def measure(folder: Path, pids: list[int]) -> None:
+        times = []
         for _ in range(rounds):
-            plain.append(step_time(Path(d), False, steps))
-            agent.append(step_time(Path(d), True, steps))
-    ratio, lo, hi = ratio_of_medians(agent, plain)
-    print(f"step, agent loaded:  median {statistics.median(agent) * 1e3:.3f} ms")
-    print(f"step, plain torchrun: median {statistics.median(plain) * 1e3:.3f} ms")
-    print(f"idle cost: {ratio:.3f}x [{lo:.3f}, {hi:.3f}] ({rounds} rounds, {steps} steps each)")
+            t = time.perf_counter()
+            j = distnb.attach(str(folder))
+            verdicts = j.verdicts()
+            times.append(time.perf_counter() - t)
+            assert any("rank 1 skipped all_reduce #7" in v for v in verdicts), verdicts
+            j.detach()
+        print(f"{ranks:>5} {ms(times):>22}", flush=True)
+
+    hung_job(ranks, measure)
 
 
-def status_speed(ranks: int, rounds: int) -> None:
+def stacks(ranks: int, rounds: int) -> None:
     import distnb
     from distnb.session.attach import procs
 
-    with (
-        tempfile.TemporaryDirectory() as d,
-        job(Path(d), "hang", n=ranks, STEPS="8", SKIP_AT="3") as jb,
-    ):
-        while not (jb.folder / "endpoint.json").exists():
-            time.sleep(0.1)
-        j = distnb.attach(str(jb.folder), timeout=120)
-        while not any(v.startswith("rank 1 runs") for v in j.verdicts()):
-            time.sleep(0.2)
-        pids = [s.pid for s in j.snapshots()]
-        ours, spy = [], []
-        for _ in range(rounds):
-            t = time.perf_counter()
-            view = j.status()
-            ours.append(time.perf_counter() - t)
-            assert view.verdicts
-            t = time.perf_counter()
-            for pid in pids:
-                subprocess.run([procs.pyspy() or "py-spy", "dump", "--pid", str(pid)],
-                               capture_output=True, check=True)  # fmt: skip
-            spy.append(time.perf_counter() - t)
+    spy = procs.pyspy()
+    assert spy is not None, "pip install 'distnb[attach]' (py-spy)"
+
+    def in_turn(pids: list[int]) -> None:
+        for pid in pids:
+            subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, check=True)
+
+    def at_once(pids: list[int]) -> None:
+        running = [subprocess.Popen([spy, "dump", "--pid", str(pid)], stdout=subprocess.DEVNULL)
+                   for pid in pids]  # fmt: skip
+        assert all(p.wait() == 0 for p in running)
+
+    def measure(folder: Path, pids: list[int]) -> None:
+        j = distnb.attach(str(folder))
+        ways: dict[str, Callable[[], object]] = {
+            "agent": lambda: j.snapshots(),
+            "in turn": lambda: in_turn(pids),
+            "at once": lambda: at_once(pids),
+        }
+        times: dict[str, list[float]] = {w: [] for w in ways}
+        names = list(ways)
+        for i in range(rounds):
+            for name in names[i % 3 :] + names[: i % 3]:
+                t = time.perf_counter()
+                ways[name]()
+                times[name].append(time.perf_counter() - t)
+        assert all(s.stack for s in j.snapshots())
         j.detach()
-    ratio, lo, hi = ratio_of_medians(ours, spy)
-    print(f"{ranks} ranks: status with verdicts {statistics.median(ours) * 1e3:.0f} ms "
-          f"{[round(x * 1e3) for x in median_ci(ours)]}, py-spy dump of each process "
-          f"{statistics.median(spy) * 1e3:.0f} ms; ratio {ratio:.2f}x [{lo:.2f}, {hi:.2f}]")  # fmt: skip
+        agent = times["agent"]
+        print(f"{ranks:>5} {ms(agent):>22} {ms(times['in turn']):>22} "
+              f"{ms(times['at once']):>22}  {ratio(times['in turn'], agent):<22} "
+              f"{ratio(times['at once'], agent)}", flush=True)  # fmt: skip
+
+    hung_job(ranks, measure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--only", choices=["idle", "verdict"], default=None)
+    args = parser.parse_args()
+    with saved("attach" if args.only is None else f"attach-{args.only}"):
+        if args.only in (None, "idle"):
+            idle_cost(args.rounds, args.steps)
+        if args.only in (None, "verdict"):
+            print(f"# time to the first verdict on a hung job: {args.rounds} rounds, "
+                  "attached afresh each round (attach + verdicts)")  # fmt: skip
+            print(f"{'ranks':>5} {'ms [95%]':>22}")
+            for n in args.ranks:
+                first_verdict(n, args.rounds)
+            print(f"# stacks of every rank on the same hung job: {args.rounds} rounds, the "
+                  "three ways in turn")  # fmt: skip
+            print(f"{'ranks':>5} {'agent ms [95%]':>22} {'py-spy in turn ms':>22} "
+                  f"{'py-spy at once ms':>22}  {'in turn/agent':<22} at once/agent")  # fmt: skip
+            for n in args.ranks:
+                stacks(n, args.rounds)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--ranks", type=int, default=4)
-    args = parser.parse_args()
-    idle_cost(args.rounds, args.steps)
-    status_speed(args.ranks, 2 * args.rounds)
+    main()

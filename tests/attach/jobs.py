@@ -41,15 +41,22 @@ class Job:
 
 @contextmanager
 def job(
-    tmp: Path, mode: str = "ok", *, agent: bool = True, n: int = 2, **env: str
+    tmp: Path,
+    mode: str = "ok",
+    *,
+    agent: bool = True,
+    n: int = 2,
+    script: Path = TRAIN,
+    **env: str,
 ) -> Iterator[Job]:
-    """A job of `n` ranks running `train.py` in `mode` (see its docstring); ended after."""
+    """A job of `n` ranks running `script` (`train.py`) in `mode` (see its docstring); ended
+    after."""
     runs = tmp / "runs"
     name = f"{mode}-{len(list(tmp.glob('*.log')))}"
     launcher = (
         ["-m", "distnb.run", "--distnb-run", name] if agent else ["-m", "torch.distributed.run"]
     )
-    argv = [sys.executable, *launcher, "--standalone", f"--nproc-per-node={n}", str(TRAIN)]
+    argv = [sys.executable, *launcher, "--standalone", f"--nproc-per-node={n}", str(script)]
     environ = {**os.environ, "DISTNB_RUNS": str(runs), "MODE": mode, **env}
     log = tmp / f"{name}.log"
     with log.open("wb") as out:

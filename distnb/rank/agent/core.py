@@ -22,6 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from distnb import keys
 from distnb.jobfolder import JobFolder
 from distnb.rank.agent.control import Control
+from distnb.rank.agent.entries import GroupMethods
 from distnb.rank.agent.serve import Server
 from distnb.rank.agent.tape import Tape
 from distnb.rank.checked.intercept import Interceptor
@@ -74,6 +75,7 @@ class Agent:
         self.control = Control(self)
         register_optimizer_step_post_hook(self._stepped)
         self.interceptor.install(self.tape.record, self.tape.record)
+        GroupMethods(self.interceptor)  # `torch.distributed`'s calls, without the kernels' trip
         me = {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": self.local_rank,
               "world_size": self.world_size, "started": time.time()}  # fmt: skip
         self.store.set(keys.agent_rank(self.rank), json.dumps(me))
