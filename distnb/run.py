@@ -1,7 +1,7 @@
 """`python -m distnb.run [torchrun's options] train.py [its arguments]`: torchrun, attachable.
 
 A thin entry point over torch's own elastic launcher (`torch.distributed.run`, what `torchrun`
-is): it takes torchrun's arguments unchanged, and before handing them over it
+is): it takes torchrun's arguments unchanged, and before handing them over (`host`) it
 
 1. makes the job's run folder (`distnb.jobfolder`: `~/.distnb/runs/<run id>/`, readable by the
    user alone) with a fresh secret;
@@ -17,25 +17,48 @@ the notebook must still reach the survivors. distnb's own options come first:
 `--distnb-run NAME` names the run (default: the Slurm job's id, else the time and the pid),
 `--distnb-host ADDR` the address the control plane listens on. Then `%dist_attach` (or
 `distnb.attach(...)`) in a notebook on a machine that reaches the job.
+
+Plain `torchrun` opts in through the environment instead: `eval "$(python -m distnb.run
+--distnb-env)"` exports `DISTNB_AGENT=1` and puts the hook first on `PYTHONPATH`; the hook then
+runs in torchrun's own launcher too, and does there what this entry point does (`host`), once
+torch is imported (`DISTNB_RUN` and `DISTNB_HOST` stand for the two options).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from distnb.errors import ConfigError
 from distnb.jobfolder import Endpoint, JobFolder, run_id
 
-__all__ = ["ATTACH_VAR", "BOOT", "main", "split"]
+__all__ = ["AGENT_VAR", "ATTACH_VAR", "BOOT", "Hosted", "env_lines", "host", "main", "split"]
 
 ATTACH_VAR = "DISTNB_ATTACH"  # the run folder, in every worker's environment
+AGENT_VAR = "DISTNB_AGENT"  # 1: plain torchrun's launcher hosts a control plane (the hook)
+RUN_VAR, HOST_VAR = "DISTNB_RUN", "DISTNB_HOST"  # --distnb-run and --distnb-host, for the hook
 BOOT = Path(__file__).resolve().parent / "rank" / "agent" / "boot"
 _OWN = {"--distnb-host": "127.0.0.1", "--distnb-run": ""}
+_ENV = "--distnb-env"
+
+
+class Hosted:
+    """A job's control plane, hosted in its launcher: the run folder and the store's server
+    (the server stops with its last reference: keep this object)."""
+
+    def __init__(self, folder: JobFolder, server: Any) -> None:
+        self.folder, self.server = folder, server
+
+    def end(self, status: int) -> None:
+        """Say in the run folder that the launcher has returned; stop serving."""
+        self.folder.mark_ended(status)
+        self.server = None
 
 
 def split(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -45,7 +68,7 @@ def split(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     while i < len(argv) and argv[i].startswith("--distnb-"):
         name, eq, value = argv[i].partition("=")
         if name not in own:
-            known = ", ".join(own)
+            known = ", ".join([*own, _ENV])
             raise ConfigError(f"unknown option {name} (distnb.run's own options: {known})")
         if not eq:
             i += 1
@@ -57,29 +80,51 @@ def split(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return own, argv[i:]
 
 
-def main(argv: list[str] | None = None) -> None:
-    try:
-        own, args = split(list(sys.argv[1:] if argv is None else argv))
-    except ConfigError as exc:
-        sys.exit(f"distnb.run: {exc}")
+def host(name: str = "", address: str = "127.0.0.1", argv: tuple[str, ...] = ()) -> Hosted:
+    """Make the run folder, host the control plane here, and set the environment the workers
+    inherit (the run folder; the hook first on `PYTHONPATH`)."""
     import torch.distributed as dist
-    from torch.distributed.run import main as torchrun
 
-    folder = JobFolder.create(run_id(own["--distnb-run"]))
-    secret = folder.write_secret()
-    host = own["--distnb-host"]
+    folder = JobFolder.create(run_id(name))
+    folder.write_secret()
     server = dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+        address, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
-    run = folder.path.name
-    endpoint = Endpoint(
-        run, host, server.port, socket.gethostname(), os.getpid(), time.time(), tuple(args)
-    )
+    endpoint = Endpoint(folder.path.name, address, server.port, socket.gethostname(),
+                        os.getpid(), time.time(), argv)  # fmt: skip
     folder.write_endpoint(endpoint)
     os.environ[ATTACH_VAR] = str(folder.path)
-    paths = [str(BOOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(BOOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(BOOT), *paths])
     print(f"distnb: attach to this job with %dist_attach {folder.path}", file=sys.stderr)
+    return Hosted(folder, server)
+
+
+def env_lines() -> str:
+    """The shell lines that make plain `torchrun` attachable (`--distnb-env`)."""
+    boot = shlex.quote(str(BOOT))
+    return (
+        f"export {AGENT_VAR}=1\n"
+        f'export PYTHONPATH={boot}"${{PYTHONPATH:+{os.pathsep}$PYTHONPATH}}"\n'
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [_ENV]:
+        print(env_lines(), end="")
+        return
+    try:
+        own, args = split(args)
+    except ConfigError as exc:
+        sys.exit(f"distnb.run: {exc}")
+    from torch.distributed.run import main as torchrun
+
+    try:
+        hosted = host(own["--distnb-run"], own["--distnb-host"], tuple(args))
+    except ConfigError as exc:
+        sys.exit(f"distnb.run: {exc}")
     status = 1
     try:
         torchrun(args)
@@ -88,9 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         status = exc.code if isinstance(exc.code, int) else 1
         raise
     finally:
-        folder.mark_ended(status)
-        del server  # the store's server stops with its last reference
-    del secret
+        hosted.end(status)
 
 
 if __name__ == "__main__":

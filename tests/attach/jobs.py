@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from distnb.run import RUN_VAR
 
 TRAIN = Path(__file__).with_name("train.py")
 START_S = 120.0  # a job's start on a busy 2-core machine (imports, rendezvous)
@@ -45,18 +48,27 @@ def job(
     mode: str = "ok",
     *,
     agent: bool = True,
+    env_opt_in: bool = False,
     n: int = 2,
     script: Path = TRAIN,
     **env: str,
 ) -> Iterator[Job]:
-    """A job of `n` ranks running `script` (`train.py`) in `mode` (see its docstring); ended
-    after."""
+    """A job of `n` ranks running `script` (`train.py`) in `mode` (see its docstring), ended
+    after: through `python -m distnb.run`, or plain torchrun without the agent (`agent=False`)
+    or opted in through the environment (`env_opt_in`: the lines `--distnb-env` prints)."""
     runs = tmp / "runs"
     name = f"{mode}-{len(list(tmp.glob('*.log')))}"
-    launcher = (
-        ["-m", "distnb.run", "--distnb-run", name] if agent else ["-m", "torch.distributed.run"]
-    )
-    argv = [sys.executable, *launcher, "--standalone", f"--nproc-per-node={n}", str(script)]
+    if env_opt_in:  # as a user types it: the lines eval'd by a shell, then torchrun itself
+        torchrun = [str(Path(sys.executable).with_name("torchrun"))]
+        lines = f'eval "$({shlex.quote(sys.executable)} -m distnb.run --distnb-env)"'
+        env = {RUN_VAR: name, **env}
+    elif agent:
+        torchrun = [sys.executable, "-m", "distnb.run", "--distnb-run", name]
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    argv = [*torchrun, "--standalone", f"--nproc-per-node={n}", str(script)]
+    if env_opt_in:
+        argv = ["bash", "-c", f"{lines} && exec {shlex.join(argv)}"]
     environ = {**os.environ, "DISTNB_RUNS": str(runs), "MODE": mode, **env}
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
