@@ -41,7 +41,8 @@ def row(s: RankSnapshot) -> list[str]:
         call = f"after {s.last.op} #{s.last.seq} on {s.last.group}"
     else:
         call = ""
-    where = s.where or (f"{s.stack[-1].file}:{s.stack[-1].line}" if s.stack else "")
+    user = _user_frame(s.stack)
+    where = s.where or (f"{user.file}:{user.line}" if user is not None else "")
     step = "" if s.step is None else str(s.step)
     return [str(s.rank), s.host, str(s.pid), s.state.value, step, call, where]
 
@@ -77,6 +78,14 @@ class JobView:
         if self.note:
             parts.append(html_block(self.note, HEADING_STYLE))
         return "".join(parts)
+
+
+def _user_frame(stack: Sequence[Frame]) -> Frame | None:
+    """The innermost frame outside torch (where the job's code called in), else the innermost."""
+    for f in reversed(stack):
+        if "/torch/" not in f.file.replace("\\", "/") and not f.file.startswith("<frozen"):
+            return f
+    return stack[-1] if stack else None
 
 
 _DEPTH = 12  # innermost frames shown per stack
