@@ -54,6 +54,8 @@ the run id's prefix; its ranks' agents (`distnb.rank.agent`) and the notebook us
   [JSON]: the notebook numbers a request to a rank's agent, posts it and reads the reply;
 - `agent/out/<rank>/<k>` [text]: what a stopped rank's debugger printed, piece by piece, and
   `agent/outcount/<rank>` [pieces, characters]: how much so far;
+- `agent/result/<rank>/<n>` [JSON]: a stopped rank's answer to the notebook's request `n` about
+  its frame (shapes, replica digests, overflow reports);
 - `agent/lease` [a number]: the attached notebook counts it up every second; a stopped or held
   rank whose lease stops moving resumes on its own (a notebook that died leaves the job running);
 - `debug/count/<rank>`, `debug/ask/<n>`, `debug/answer/<n>`: the debugger's prompts, as above.
@@ -72,6 +74,7 @@ __all__ = [
     "agent_rank",
     "agent_reply",
     "agent_request",
+    "agent_result",
     "answer",
     "ask",
     "ask_count",
@@ -313,3 +316,7 @@ def agent_out(rank: int, k: int) -> str:
 
 def agent_out_count(rank: int) -> str:
     return f"agent/outcount/{rank}"
+
+
+def agent_result(rank: int, n: int) -> str:
+    return f"agent/result/{rank}/{n}"

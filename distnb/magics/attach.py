@@ -36,13 +36,21 @@ class AttachMagics(Magics):
     @argument("--if", dest="cond", default=None, help="--break: only where this is true")
     @argument("--debug", action="store_true", help="answer the stopped ranks' debugger here")
     @argument("--timeline", action="store_true", help="the last collectives on a timeline")
+    @argument("--shapes", nargs="*", default=None, help="stopped ranks: shape table [of NAMES]")
+    @argument("--diff", nargs="+", default=None, help="stopped ranks: compare replicas of NAMES")
+    @argument("--overflow", default=None, help="stopped ranks: trace overflow on module NAME")
+    @argument("--overflow-report", action="store_true", help="stopped ranks: the traces' report")
+    @argument("--resume", action="store_true", help="let stopped and held ranks go on")
     @argument("--detach", action="store_true", help="let the job go on as it would have")
     @line_magic
     def dist_attach(self, line: str) -> Any:
         """Attach to a job distnb did not start (`python -m distnb.run ... train.py`):
         `%dist_attach [RUN]` shows each rank's state, the verdicts and the live stacks;
         `--stop [--at step] [--ranks 0]`, `--break train.py:52 [--if COND]`, `--debug`,
-        `--timeline`, `--detach`. `--no-agent`: a plain torchrun job, py-spy stacks only."""
+        `--timeline`, `--resume`, `--detach`; on stopped ranks, as `%dist_shapes`,
+        `%dist_diff` and `%dist_overflow` on distnb's own: `--shapes [NAME ...]`,
+        `--diff NAME ...`, `--overflow NAME`, `--overflow-report`. `--no-agent`: a plain
+        torchrun job, py-spy stacks only."""
         from distnb.session.attach import attach, attach_processes
 
         args = parse(self.dist_attach, line)
@@ -62,8 +70,9 @@ class AttachMagics(Magics):
                 job.stop(ranks, at=args.at)
             if args.debug:
                 return job.debug()
-            if args.stop or args.where:
-                return None
+            inside = self._inside(job, args, ranks)
+            if inside is not None or args.stop or args.where or args.overflow or args.resume:
+                return inside
             return job.timeline() if args.timeline else job.status()
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
@@ -81,6 +90,23 @@ class AttachMagics(Magics):
             self.job.run(cell, ranks)
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
+
+    def _inside(self, job: Any, args: Any, ranks: list[int] | None) -> Any:
+        """What `--shapes`, `--diff`, `--overflow[-report]` and `--resume` ask of the job."""
+        if args.shapes is not None:
+            return job.shapes(args.shapes or None, ranks=ranks)
+        if args.diff is not None:
+            return job.diff(*args.diff, ranks=ranks)
+        if args.overflow:
+            job.overflow(args.overflow, ranks=ranks)
+        if args.overflow_report:
+            views = job.overflow_report(ranks)
+            if not views:
+                print("distnb: no overflow trace; start one with %dist_attach --overflow NAME")
+            return next(iter(views.values())) if len(views) == 1 else (views or None)
+        if args.resume:
+            job.resume(ranks)
+        return None
 
     def _detach(self) -> None:
         if self.job is not None:

@@ -22,6 +22,12 @@ TRAIN = Path(__file__).with_name("train.py")
 START_S = 120.0  # a job's start on a busy 2-core machine (imports, rendezvous)
 
 
+def line_of(marker: str, script: Path = TRAIN) -> int:
+    """The line of `script` that holds `marker` (a comment there), for stacks and verdicts."""
+    lines = script.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if marker in line)
+
+
 class Job:
     """A running job: its launcher process, run folder and log."""
 

@@ -15,11 +15,12 @@ import distnb
 from distnb import keys
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob, attach_processes, procs
-from tests.attach.jobs import TRAIN, job
+from tests.attach.jobs import TRAIN, job, line_of
 
 pytestmark = pytest.mark.gloo
 
-GRADS, METRICS, CHECKPOINT = 53, 56, 67  # lines of train.py
+GRADS, METRICS = line_of("# the gradients"), line_of("# the metrics")
+CHECKPOINT = line_of("saving a checkpoint")
 
 
 def settled(

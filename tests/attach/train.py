@@ -6,8 +6,10 @@ MODE (environment): `ok` (the default), `hang` (rank 1 skips the metrics all_red
 SKIP_AT, then every rank saves a "checkpoint" it never finishes: rank 0 waits for rank 1 in its
 last all_reduce), `mismatch` (at step SKIP_AT the ranks broadcast tensors of different shapes:
 plain gloo gives rank 1 a half-written tensor, silently), `nan` (rank 1's batch of step SKIP_AT
-holds an inf: every rank's weights go NaN), `wait` (as `ok`). With READY set, every
-rank waits for that file before each step: a job that is still running when the test looks.
+holds an inf: every rank's weights go NaN), `drift` (from step SKIP_AT on, rank 1 averages its
+gradients over one rank too few: its weights drift from its peers'), `wait` (as `ok`). With
+READY set, every rank waits for that file before each step: a job still running when the test
+looks.
 LINGER: every mode ends in the "checkpoint" sleep, so the job is there to attach to. The final
 loss is printed with all its bits (`final <rank> <loss.hex()>`).
 """
@@ -56,9 +58,11 @@ def main() -> None:
             dist.all_reduce(metrics)  # the metrics
         if MODE == "mismatch" and step == SKIP_AT:
             dist.broadcast(torch.zeros(4 + 4 * rank), src=0)
-        start = 0
+        start, over = 0, dist.get_world_size()
+        if MODE == "drift" and rank == 1 and step >= SKIP_AT:
+            over -= 1  # the bug
         for p in model.parameters():
-            p.grad.copy_(flat[start : start + p.numel()].view_as(p) / dist.get_world_size())
+            p.grad.copy_(flat[start : start + p.numel()].view_as(p) / over)
             start += p.numel()
         opt.step()
     per_step = (time.perf_counter() - t0) / max(1, STEPS - warm)

@@ -11,7 +11,9 @@ inside it), so a request is noted here and carried out where the main thread pas
 There a rank stops in the debugger (`stop`), is held until the stopped peers go on (`hold`: a
 held rank waits before its collective, not inside it), or starts tracing for breakpoints set
 from the notebook (file, line, condition: pdb's breakpoints, on the main thread only). `detach`
-clears all of it. Holds and prompts end by themselves when the notebook's lease runs out.
+clears all of it, overflow watches started from the notebook included (removed at the next safe
+point, where the model runs). Holds and prompts end by themselves when the notebook's lease
+runs out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from distnb.rank.agent import frames
 from distnb.rank.agent.stopped import AgentAsker, AgentPdb, Lease
 from distnb.records.attach import AgentState
 
@@ -45,10 +48,11 @@ class Control:
         self._release = threading.Event()
         self._release.set()
         self._debugger: AgentPdb | None = None
+        self._unwatch = False  # overflow watches to remove on the main thread (after detach)
 
     @property
     def armed(self) -> bool:
-        return bool(self.stop_at or self.breaks or not self._release.is_set())
+        return bool(self.stop_at or self.breaks or self._unwatch or not self._release.is_set())
 
     # --- from the serving thread --------------------------------------------------------------
 
@@ -76,6 +80,9 @@ class Control:
         if self._debugger is not None:
             self._debugger.detached = True
         self.agent.tape.gate = None
+        if frames.watching():  # hooks on the model: removed where the model runs
+            self._unwatch = True
+            self._arm()
 
     def _arm(self) -> None:
         self.agent.tape.gate = self._gate
@@ -90,8 +97,13 @@ class Control:
         self._act(f"after step {self.agent.step}", "step")
 
     def _act(self, why: str, point: str) -> None:
+        if self._unwatch:
+            self._unwatch = False
+            frames.unwatch()
         frame = user_frame(sys._getframe(2))
         if frame is None:
+            if not self.armed:
+                self.agent.tape.gate = None
             return
         if self.breaks:
             self._trace(frame)

@@ -6,9 +6,11 @@ pdb's commands, the user's frames only) with what an attached job needs besides:
 
 - what it prints while the rank is stopped goes to the notebook (`Out`: pieces in the store,
   counted, so the notebook shows all of them before the next prompt), not to the job's log;
-- two answers of the notebook's own: `RUN` + code runs the code in the stopped frame and shows
-  its output (an `%%allranks` cell on stopped ranks), and `DETACH` clears every breakpoint and
-  lets the rank run on as if it had never stopped;
+- three answers of the notebook's own: `RUN` + code runs the code in the stopped frame and
+  shows its output (an `%%allranks` cell on stopped ranks); `CALL` + a JSON request answers it
+  with a record over the frame's names (`frames`: shapes, replica digests, the overflow tracer)
+  under `keys.agent_result`; `DETACH` clears every breakpoint and overflow watch started from
+  the notebook and lets the rank run on as if it had never stopped;
 - the wait for an answer watches the notebook's lease (`Lease`): when it stops moving for
   `LEASE_S`, or the store is gone, the answer is `DETACH`. A notebook that dies leaves the job
   running.
@@ -16,6 +18,7 @@ pdb's commands, the user's frames only) with what an attached job needs besides:
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import traceback
@@ -25,12 +28,14 @@ from typing import Any
 from torch.distributed import DistStoreError
 
 from distnb import keys
+from distnb.rank.agent import frames
 from distnb.rank.debug.ask import Asker
 from distnb.rank.debug.debugger import RankPdb
 
-__all__ = ["DETACH", "LEASE_S", "RUN", "AgentAsker", "AgentPdb", "Lease", "Out"]
+__all__ = ["CALL", "DETACH", "LEASE_S", "RUN", "AgentAsker", "AgentPdb", "Lease", "Out"]
 
 RUN = "\0run "  # then code: run it in the stopped frame
+CALL = "\0call "  # then a JSON request (`frames.call`; its `reply` numbers the result's key)
 DETACH = "\0detach"  # clear breakpoints and run on
 LEASE_S = 10.0  # a notebook silent this long is gone
 _SLICE = timedelta(milliseconds=100)
@@ -143,9 +148,13 @@ class AgentPdb(RankPdb):
         if line.startswith(RUN):
             self._run(line[len(RUN) :])
             return False
+        if line.startswith(CALL):
+            self._call(line[len(CALL) :])
+            return False
         return bool(super().onecmd(line))
 
     def detach(self) -> None:
+        frames.unwatch()
         self.clear_all_breaks()
         self.set_continue()
         sys.settrace(None)
@@ -157,6 +166,19 @@ class AgentPdb(RankPdb):
             self.detach()
             return None
         return super().trace_dispatch(frame, event, arg)
+
+    def _call(self, body: str) -> None:
+        """Answer a `CALL` with a record over the current frame's names (see `frames`)."""
+        request = json.loads(body)
+        frame = self.curframe
+        assert frame is not None
+        names = {**frame.f_globals, **self.curframe_locals}
+        try:
+            reply: Any = {"ok": frames.call(request, names, self.asker.rank)}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        key = keys.agent_result(self.asker.rank, int(request["reply"]))
+        self.asker.store.set(key, json.dumps(reply))
 
     def _run(self, code: str) -> None:
         """Run `code` in the current frame, as a notebook cell: its last expression shown."""

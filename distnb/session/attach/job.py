@@ -24,16 +24,15 @@ from distnb.errors import ConfigError, SessionError
 from distnb.jobfolder import JobFolder
 from distnb.records.attach import AgentState, RankSnapshot
 from distnb.records.collective import CollectiveEvent, Fingerprint
-from distnb.session.attach import verdict
+from distnb.session.attach import inside, verdict
 from distnb.session.attach.link import Link
 from distnb.session.attach.procs import pyspy_stack
 from distnb.session.attach.prompts import JobPrompts
 from distnb.views.attach import JobView
 
-__all__ = ["DETACH", "RUN", "AttachedJob"]
+__all__ = ["DETACH", "AttachedJob"]
 
-RUN = "\0run "  # the agent's own answers (distnb.rank.agent.stopped)
-DETACH = "\0detach"
+DETACH = "\0detach"  # the agent's own answer (distnb.rank.agent.stopped)
 _STOPS = ("collective", "step")
 
 
@@ -135,7 +134,7 @@ class AttachedJob:
         collective meanwhile. Then `debug()` (or `run(code)`)."""
         if at not in _STOPS:
             raise ConfigError(f"at is 'collective' or 'step', not {at!r}")
-        chosen = self._ranks(ranks)
+        chosen = self.pick(ranks)
         self.link.start_lease()
         self._ask({"op": "stop", "at": at}, chosen)
         others = [r for r in self.ranks if r not in chosen]
@@ -153,7 +152,7 @@ class AttachedJob:
             raise ConfigError(f"a breakpoint is FILE:LINE, e.g. train.py:52, not {where!r}")
         self.link.start_lease()
         request = {"op": "break", "file": file, "line": int(line), "cond": cond or ""}
-        self._ask(request, self._ranks(ranks))
+        self._ask(request, self.pick(ranks))
 
     def debug(self, wait_s: float = 60.0) -> None:
         """Serve the stopped ranks' debugger prompts here (pdb's commands; `ranks`, `rank N`)
@@ -176,43 +175,8 @@ class AttachedJob:
             time.sleep(0.05)
         self._ask({"op": "release"}, None)
 
-    def run(
-        self, code: str, ranks: Sequence[int] | None = None, timeout_s: float = 30.0
-    ) -> dict[int, str]:
-        """Run `code` in the frame each stopped rank is stopped in; its output, by rank
-        (printed with `[rank N]` too). The last expression's value is shown, as in a cell."""
-        asked = {r.rank: r for r in self._open_prompts(timeout_s)}
-        targets = (
-            [r for r in self._ranks(ranks) if r in asked] if ranks is None else self._ranks(ranks)
-        )
-        missing = [r for r in targets if r not in asked]
-        if not targets or missing:
-            who = ", ".join(map(str, missing)) if missing else "no rank"
-            raise SessionError(
-                f"{who} is not stopped: stop ranks first (job.stop(), %dist_attach --stop)"
-            )
-        deadline = time.monotonic() + timeout_s
-        for rank in targets:  # what the rank printed before this prompt is shown, not returned
-            while (
-                self.prompts.written(rank)[0] < asked[rank].stdout and time.monotonic() < deadline
-            ):
-                time.sleep(0.005)
-            _show({rank: self.prompts.take(rank)})
-            self.prompts.answer(asked[rank].n, RUN + code)
-        out = {}
-        for rank in targets:
-            while rank not in {r.rank for r in self.prompts.asks()}:
-                if time.monotonic() > deadline:
-                    raise SessionError(f"rank {rank} did not finish the code in {timeout_s:g} s")
-                time.sleep(0.01)
-            request = self.prompts.open[rank]
-            while self.prompts.written(rank)[0] < request.stdout and time.monotonic() < deadline:
-                time.sleep(0.005)
-            out[rank] = self.prompts.take(rank)
-        _show(out)
-        return out
-
-    def _open_prompts(self, wait_s: float) -> list[Any]:
+    def open_prompts(self, wait_s: float) -> list[Any]:
+        """The stopped ranks' open prompts, once one is there (or no rank is stopping)."""
         deadline = time.monotonic() + wait_s
         while True:
             found = self.prompts.asks()
@@ -221,6 +185,22 @@ class AttachedJob:
             if not any(s.state is AgentState.STOPPED for s in self.snapshots(1.0)):
                 return found
             time.sleep(0.02)
+
+    def resume(self, ranks: Sequence[int] | None = None) -> None:
+        """Let stopped ranks go on (`c` at their prompts) and release the held ones, leaving
+        breakpoints and overflow watches in place (`detach` removes them)."""
+        asked = {r.rank: r for r in self.prompts.asks()}
+        for rank in self.pick(ranks):
+            if rank in asked:
+                self.prompts.answer(asked[rank].n, "c")
+        self._ask({"op": "release"}, None)
+
+    # looking inside stopped ranks (`inside`): code in their frames, shapes, replicas, overflow
+    run = inside.run
+    shapes = inside.shapes
+    diff = inside.diff
+    overflow = inside.overflow
+    overflow_report = inside.overflow_report
 
     def detach(self) -> None:
         """Let every rank go on as it would have: breakpoints cleared, holds released, stopped
@@ -235,7 +215,7 @@ class AttachedJob:
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _ranks(self, ranks: Sequence[int] | None) -> list[int]:
+    def pick(self, ranks: Sequence[int] | None) -> list[int]:
         if ranks is None:
             return list(self.ranks)
         bad = [r for r in ranks if r not in self.ranks]
@@ -254,12 +234,6 @@ class AttachedJob:
             rank, error = min(errors.items())
             raise ConfigError(f"rank {rank} refused {request['op']}: {error}")
         return replies
-
-
-def _show(out: dict[int, str]) -> None:
-    for rank, text in out.items():
-        for line in text.rstrip("\n").split("\n") if text else []:
-            print(f"[rank {rank}] {line}")
 
 
 def _alive(pid: int) -> bool:

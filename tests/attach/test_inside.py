@@ -1,0 +1,85 @@
+"""Looking inside the stopped ranks of a real 4-rank torchrun job as inside distnb's own: the
+shape table, replicas compared, the overflow tracer; and ranks that wait in a circle across
+groups named as such."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from distnb.records.attach import AgentState
+from tests.attach.jobs import TRAIN, job, line_of
+from tests.attach.test_attach import attached, settled
+
+pytestmark = pytest.mark.gloo
+
+GRADS = line_of("# the gradients")
+ALL = {r: AgentState.STOPPED for r in range(4)}
+
+
+def test_shapes_and_replicas_of_four_stopped_ranks(tmp_path: Path) -> None:
+    ready = tmp_path / "READY"
+    with job(tmp_path, "drift", n=4, STEPS="6", SKIP_AT="2", READY=str(ready)) as jb:
+        j = attached(jb.folder)
+        j.breakpoint(f"{TRAIN.name}:{GRADS}", cond="step == 3")
+        ready.touch()
+        settled(j, ALL)
+        table = repr(j.shapes(["x", "flat"]))
+        assert "x" in table and "[4, 8]" in table and "flat" in table and "[9]" in table
+        assert "ranks 0-3" in table
+        drifted = j.diff("model")
+        assert not drifted.agree
+        assert {d.name: d.groups for d in drifted.report.differences} == {
+            "model.weight": "0,2,3 | 1",
+            "model.bias": "0,2,3 | 1",
+        }
+        assert j.diff("x", "flat", expect="differ").agree  # each rank's own batch and gradients
+        with pytest.raises(Exception, match=r"rank 0, 1, 2, 3: NameError: .*no 'nothere'"):
+            j.diff("nothere")
+        j.detach()
+        assert set(jb.finals()) == {0, 1, 2, 3}
+
+
+def test_the_overflow_tracer_started_on_stopped_ranks_names_the_first(tmp_path: Path) -> None:
+    ready = tmp_path / "READY"
+    with job(tmp_path, "nan", STEPS="6", SKIP_AT="2", READY=str(ready), LINGER="1") as jb:
+        j = attached(jb.folder)
+        j.breakpoint(f"{TRAIN.name}:{GRADS}", cond="step == 1")
+        ready.touch()
+        settled(j, {0: AgentState.STOPPED, 1: AgentState.STOPPED})
+        j.overflow("model")
+        j.breakpoint(f"{TRAIN.name}:{GRADS}", cond="step == 3")
+        j.resume()
+        settled(j, {0: AgentState.STOPPED, 1: AgentState.STOPPED},
+                lambda snaps: all(s.step == 3 for s in snaps))  # fmt: skip
+        (view,) = j.overflow_report().values()
+        assert view.summary.first_rank == 1, repr(view)
+        j.detach()
+        jb.wait_for(r"final 1 ")
+
+
+def test_ranks_waiting_in_a_circle_across_groups(tmp_path: Path) -> None:
+    circle = TRAIN.with_name("circle.py")
+    pair = line_of("# my pair's", circle)
+    with job(tmp_path, "circle", n=4, script=circle) as jb:
+        j = attached(jb.folder)
+        deadline = time.monotonic() + 120
+        while not in_circle(snaps := j.snapshots()):
+            assert time.monotonic() < deadline, [(s.rank, s.state, s.current) for s in snaps]
+            time.sleep(0.2)
+        verdicts = j.verdicts(snaps)
+        circle_said = [v for v in verdicts if v.startswith("deadlock: 4 ranks wait")]
+        assert circle_said, verdicts
+        for r in range(4):
+            assert f"rank {r} waits in all_reduce #0 on" in circle_said[0]
+            assert f"for rank {(r + 1) % 4}" in circle_said[0]
+        assert f"{circle}:{pair}" in circle_said[0]
+        j.detach()
+
+
+def in_circle(snaps: list) -> bool:
+    """Every rank in its first call on its pair's group."""
+    return all(s.current is not None and s.current.seq == 0 and s.current.group != "WORLD"
+               for s in snaps)  # fmt: skip
