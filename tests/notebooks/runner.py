@@ -252,6 +252,40 @@ CHECKS: dict[str, list[tuple[Selector, Expected]]] = {
             ),
         ),
     ],
+    "10-attach-to-a-job.ipynb": [
+        ("start", "running, pid"),
+        (
+            "attach",
+            (
+                "(2 ranks, launcher pid",
+                "\n0 ",
+                "in collective  20",
+                "in all_reduce #40 on WORLD",
+                "train.py:10",
+                "\n1 ",
+                "running        20",
+                "after all_reduce #39 on WORLD",
+                "train.py:32",
+                "verdict: rank 1 runs at ",
+                "train.py:32 (time.sleep(0.1)) without calling all_reduce #40 on WORLD, which "
+                "rank 0 waits at ",
+                "train.py:10",
+                "rank 0:",
+                "in evaluate",
+                "dist.all_reduce(loss)",
+                "rank 1:",
+                "time.sleep(0.1)",
+            ),
+        ),
+        (
+            "stop",
+            (
+                "distnb: detached; the job goes on as it would have",
+                "launcher exit status: 1",
+                "run folder says ended: True",
+            ),
+        ),
+    ],
 }
 
 
