@@ -1,6 +1,7 @@
 """Looking inside the stopped ranks of a real 4-rank torchrun job as inside distnb's own: the
-shape table, replicas compared, the overflow tracer; and ranks that wait in a circle across
-groups named as such."""
+shape table, replicas compared, the overflow tracer, through the Python API and through
+`%dist_attach` on a real IPython shell; and ranks that wait in a circle across groups named as
+such."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 
+from distnb.magics import AttachMagics
 from distnb.records.attach import AgentState
+from distnb.session.attach import AttachedJob
 from tests.attach.jobs import TRAIN, job, line_of
 from tests.attach.test_attach import attached, settled
 
@@ -38,8 +43,26 @@ def test_shapes_and_replicas_of_four_stopped_ranks(tmp_path: Path) -> None:
         assert j.diff("x", "flat", expect="differ").agree  # each rank's own batch and gradients
         with pytest.raises(Exception, match=r"rank 0, 1, 2, 3: NameError: .*no 'nothere'"):
             j.diff("nothere")
-        j.detach()
+        ip = magics_on(j)
+        assert repr(ip.run_line_magic("dist_attach", "--shapes x flat")) == table
+        shown = ip.run_line_magic("dist_attach", "--diff model --ranks 0,2,3")
+        assert shown.agree and shown.report.ranks == (0, 2, 3)
+        with pytest.raises(UsageError, match=r"rank 0, 1, 2, 3: NameError: .*no 'nothere'"):
+            ip.run_line_magic("dist_attach", "--diff nothere")
+        ip.run_line_magic("dist_attach", "--detach")
         assert set(jb.finals()) == {0, 1, 2, 3}
+
+
+def magics_on(j: AttachedJob) -> InteractiveShell:
+    """A real IPython shell with distnb loaded whose `%dist_attach` holds the attached `j`."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "distnb")
+    magics = next(m for m in ip.magics_manager.registry.values() if isinstance(m, AttachMagics))
+    magics.job = j
+    return ip
 
 
 def test_the_overflow_tracer_started_on_stopped_ranks_names_the_first(tmp_path: Path) -> None:
