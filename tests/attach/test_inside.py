@@ -24,7 +24,9 @@ GRADS = line_of("# the gradients")
 ALL = {r: AgentState.STOPPED for r in range(4)}
 
 
-def test_shapes_and_replicas_of_four_stopped_ranks(tmp_path: Path) -> None:
+def test_shapes_and_replicas_of_four_stopped_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ready = tmp_path / "READY"
     with job(tmp_path, "drift", n=4, STEPS="6", SKIP_AT="2", READY=str(ready)) as jb:
         j = attached(jb.folder)
@@ -49,6 +51,9 @@ def test_shapes_and_replicas_of_four_stopped_ranks(tmp_path: Path) -> None:
         assert shown.agree and shown.report.ranks == (0, 2, 3)
         with pytest.raises(UsageError, match=r"rank 0, 1, 2, 3: NameError: .*no 'nothere'"):
             ip.run_line_magic("dist_attach", "--diff nothere")
+        capsys.readouterr()
+        ip.run_cell_magic("attached", "--ranks 1,3", "print('at step', step)")
+        assert capsys.readouterr().out == "[rank 1] at step 3\n[rank 3] at step 3\n"
         ip.run_line_magic("dist_attach", "--detach")
         assert set(jb.finals()) == {0, 1, 2, 3}
 
