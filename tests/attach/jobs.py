@@ -20,6 +20,9 @@ from distnb.run import RUN_VAR
 
 TRAIN = Path(__file__).with_name("train.py")
 START_S = 120.0  # a job's start on a busy 2-core machine (imports, rendezvous)
+# an agent's answer, far above its usual milliseconds: at a load average of 12+ on 2 cores, the
+# default 2 s was sometimes missed; an agent held by a stranger never answers at all
+ANSWER_S = 30.0
 
 
 def line_of(marker: str, script: Path = TRAIN) -> int:

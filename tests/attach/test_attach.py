@@ -15,7 +15,7 @@ import distnb
 from distnb import keys
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob, attach_processes, procs
-from tests.attach.jobs import TRAIN, job, line_of
+from tests.attach.jobs import ANSWER_S, TRAIN, job, line_of
 
 pytestmark = pytest.mark.gloo
 
@@ -138,7 +138,7 @@ def test_a_stranger_on_the_port_is_never_believed(tmp_path: Path) -> None:
             n = stranger.add(f"{e.run}/{keys.agent_calls(rank)}", 1) - 1
             stranger.set(f"{e.run}/{keys.agent_request(rank, n)}", '{"op": "stop"}')
         stranger.set(f"{e.run}/{keys.AGENT_LEASE}", "999")
-        snaps = j.snapshots()  # the notebook's own requests replace the forged ones
+        snaps = j.snapshots(ANSWER_S)  # the notebook's own requests replace the forged ones
         assert [s.state for s in snaps] == [AgentState.RUNNING] * 2
         j.detach()
         ready.touch()

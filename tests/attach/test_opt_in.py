@@ -16,7 +16,7 @@ import distnb
 from distnb.errors import SessionError
 from distnb.records.attach import AgentState
 from distnb.run import BOOT
-from tests.attach.jobs import job
+from tests.attach.jobs import ANSWER_S, job
 
 pytestmark = pytest.mark.gloo
 
@@ -40,7 +40,7 @@ def test_plain_torchrun_opted_in_is_attached_and_ends_as_usual(tmp_path: Path) -
             time.sleep(0.1)
         assert oct((jb.folder / "secret").stat().st_mode & 0o777) == "0o600"
         j = distnb.attach(str(jb.folder), timeout=120)
-        snaps = j.snapshots()
+        snaps = j.snapshots(ANSWER_S)
         assert [s.rank for s in snaps] == [0, 1]
         assert all(s.source == "agent" and s.state is not AgentState.GONE for s in snaps)
         assert j.link.endpoint.launcher_pid == jb.proc.pid  # torchrun's launcher hosts it
