@@ -86,7 +86,7 @@ class Checker(Groups):
         self._buckets = 0
         self.verdicts: dict[tuple[Any, ...], bool] = {}
         if self.hosts is None:
-            identity = host_identity()
+            identity = host_identity(rank)
             store.set(keys.host(rank), identity)
             posts.keep(keys.host(rank), identity)  # a peer that reads it forged asks again
 
@@ -160,10 +160,16 @@ class Checker(Groups):
         mine = marshal.dumps(core, 0)
         payload = encode(mine, where)
         interrupted = False
-        if g.board is None:
-            payloads = [payload]
-            key: tuple[Any, ...] = (g.members, mine)
-        else:
+        key: tuple[Any, ...] = (g.members, mine)
+        payloads = [payload]
+        if g.tiers is not None:
+            every, interrupted = self._exchange_tiered(g, seq, payload, mine, (core, where))
+            if every is not exchange.AGREED:
+                assert isinstance(every, list)
+                payloads, key = every, self._key(g, mine, [core_bytes(p) for p in every])
+            else:
+                payloads = [payload] * len(g.members)  # every member posted this core
+        elif g.board is not None:
             stamp = seq + 1
             try:
                 g.board.post(g.index, stamp, payload)
@@ -174,13 +180,8 @@ class Checker(Groups):
             if seq == 0:  # every member has mapped the board by now
                 g.board.forget()
             theirs = [core_bytes(p) for p in got]
-            # Equal bytes mean equal cores (marshal version 0 is canonical): the usual case
-            # costs one memcmp per peer and one cached verdict.
-            if all(c == mine for c in theirs):
-                key = (g.members, mine)
-            else:
-                theirs.insert(g.index, mine)
-                key = (g.members, *theirs)
+            theirs.insert(g.index, mine)
+            key = self._key(g, mine, theirs)
             payloads = list(got)
             payloads.insert(g.index, payload)
         if self.verdicts.get(key):
@@ -189,18 +190,67 @@ class Checker(Groups):
         if mismatch is not None:
             self.last_mismatch = mismatch
             raise mismatch_error(mismatch)
+        self._remember(key)
+        return interrupted
+
+    @staticmethod
+    def _key(g: Group, mine: bytes, cores: list[bytes]) -> tuple[Any, ...]:
+        # Equal bytes mean equal cores (marshal version 0 is canonical): the usual case
+        # costs one memcmp per peer and one cached verdict.
+        if all(c == mine for c in cores):
+            return (g.members, mine)
+        return (g.members, *cores)
+
+    def _remember(self, key: tuple[Any, ...]) -> None:
         if len(self.verdicts) >= _MAX_VERDICTS:
             self.verdicts.clear()
         self.verdicts[key] = True
-        return interrupted
 
-    def _collect(
-        self, g: Group, seq: int, stamp: int, core: Core, where: Where
-    ) -> tuple[list[bytes], bool]:
-        """Wait for every peer's fingerprint; see `_exchange` for what the bool means."""
+    def _exchange_tiered(
+        self, g: Group, seq: int, payload: bytes, mine: bytes, call: tuple[Core, Where]
+    ) -> tuple[bytes | list[bytes], bool]:
+        """`_exchange` in two levels (`exchange.Tiers`): AGREED, or every member's payload."""
         __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
-        assert g.board is not None
-        wait = Wait(
+        tiers = g.tiers
+        assert tiers is not None
+        stamp = seq + 1
+
+        def legal(core: bytes) -> bool:  # the same core on every member: is that a mismatch?
+            key = (g.members, core)
+            if not self.verdicts.get(key):
+                fps = self._fingerprints(g, seq, [payload] * len(g.members))
+                if matching.match(fps) is not None:
+                    return False
+                self._remember(key)
+            return True
+
+        def gather(
+            board: exchange.Board, rings: Sequence[int], s: int, missing: exchange.Missing
+        ) -> list[bytes] | None:
+            return exchange.collect(board, rings, s, lambda t, m: self.monitor.tick(t, missing(m)))
+
+        self.monitor.start(self._wait_of(g, seq, *call))
+        try:
+            got = tiers.exchange(stamp, payload, mine, legal, gather)
+            if seq == 0:
+                tiers.forget()
+            assert got is not None
+            return got, False
+        except KeyboardInterrupt:
+            got = tiers.now(stamp, payload, mine, legal)
+            if got is None:
+                self._withdraw(g, seq)
+                raise
+            return got, True
+        except (CollectiveDesyncError, CollectiveMismatchError) as exc:
+            self._withdraw(g, seq)
+            self.last_mismatch = getattr(exc, "mismatch", None) or self.last_mismatch
+            raise
+        finally:
+            self.monitor.end()
+
+    def _wait_of(self, g: Group, seq: int, core: Core, where: Where) -> Wait:
+        return Wait(
             WaitKind.COLLECTIVE,
             g.name,
             g.label,
@@ -212,6 +262,14 @@ class Checker(Groups):
                 (core, where), rank=self.rank, group=g.label, seq=seq, members=g.members
             ),
         )
+
+    def _collect(
+        self, g: Group, seq: int, stamp: int, core: Core, where: Where
+    ) -> tuple[list[bytes], bool]:
+        """Wait for every peer's fingerprint; see `_exchange` for what the bool means."""
+        __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        assert g.board is not None
+        wait = self._wait_of(g, seq, core, where)
         try:
             return self.wait(g.board, g.peers, stamp, wait), False
         except KeyboardInterrupt:
@@ -242,6 +300,8 @@ class Checker(Groups):
         """Take back the fingerprint for `seq`: this rank's next call is `seq` again."""
         if g.board is not None:
             g.board.retract(g.index, seq + 1)
+        if g.tiers is not None:
+            g.tiers.withdraw()
         g.seq = seq
 
     def _blocks(self, wait: Wait, peer: Beacon) -> bool:

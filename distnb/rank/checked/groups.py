@@ -3,9 +3,11 @@
 A group posts on one board (`c-<name>`), a point-to-point channel on one of its own
 (`p-<group>-<src>-<dst>-<tag>`). A board whose members all share a host (as `hosts` says, or
 else by `host_identity`: host name, boot and /dev/shm mount, which each rank posts at install)
-is in shared memory (`exchange.ShmBoard`); any other is in the control plane's store
-(`exchange.StoreBoard`). Boards are named after the checker's generation, so groups made after
-`forget_groups` never meet old ones.
+is in shared memory (`exchange.ShmBoard`); one whose members are each on a host of their own
+is in the control plane's store (`exchange.StoreBoard`); a group with several members on some
+of several hosts exchanges in two levels (`exchange.Tiers`: shared memory on each host, the
+hosts' leaders through the store). Boards are named after the checker's generation, so groups
+made after `forget_groups` never meet old ones.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from distnb import keys
 from distnb.rank import posts
-from distnb.rank.checked import callsite, exchange
+from distnb.rank.checked import callsite, exchange, wire
 from distnb.rank.checked.monitor import Wait, WaitMonitor
 from distnb.rank.signed import take_forged
 from distnb.records.beacon import WaitKind
@@ -44,15 +46,21 @@ P2P_SLOT_SIZE = 2 * 1024
 Channel = tuple[str, int, int, int]  # (group name, src, dst, tag), global ranks
 
 
-# Set to "0" on the ranks: every rank counts as a host of its own, so fingerprints go through
-# the control plane's store as between hosts (to rehearse or measure that path on one machine).
+# Set on the ranks to rehearse hosts on one machine: "0" makes every rank a host of its own, so
+# fingerprints go through the control plane's store as between hosts; a number k > 0 makes
+# ranks 0..k-1 one host, k..2k-1 the next, and so on (shared memory within, the store between:
+# the two-level exchange, `exchange.Tiers`).
 SHM_VAR = "DISTNB_SHM"
 
 
-def host_identity() -> str:
-    """Ranks with equal identities can share /dev/shm: same host, boot and tmpfs mount."""
-    if os.environ.get(SHM_VAR) == "0":
+def host_identity(rank: int = 0) -> str:
+    """Ranks with equal identities can share /dev/shm: same host, boot and tmpfs mount (or the
+    same rehearsal host, as `SHM_VAR` says)."""
+    rehearsal = os.environ.get(SHM_VAR, "")
+    if rehearsal == "0":
         return f"{socket.gethostname()}|pid{os.getpid()}"
+    if rehearsal.isdigit():
+        return f"{socket.gethostname()}|rehearsal{rank // int(rehearsal)}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -72,7 +80,7 @@ class Group:
     user knows it by (`WORLD`, a mesh dimension, `group[0,1]`), for messages.
     """
 
-    __slots__ = ("board", "index", "label", "members", "name", "peers", "seq")
+    __slots__ = ("board", "index", "label", "members", "name", "peers", "seq", "tiers")
 
     def __init__(self, name: str, label: str, members: tuple[int, ...], index: int) -> None:
         self.name = name
@@ -82,6 +90,7 @@ class Group:
         self.peers = [i for i in range(len(members)) if i != index]
         self.seq = 0
         self.board: exchange.Board | None = None
+        self.tiers: exchange.Tiers | None = None  # instead of `board`, across hosts
 
 
 class Groups:
@@ -117,6 +126,7 @@ class Groups:
         # after an irecv from any source this rank cannot tell which message comes next
         self.p2p_blind = False
         self._boards: list[exchange.Board] = []
+        self._tier_sets: list[exchange.Tiers] = []
         self._host_ids: dict[int, str] = {}
 
     def group(self, name: str) -> Group | None:
@@ -135,9 +145,31 @@ class Groups:
         if self.rank not in members:
             return None
         g = Group(name, group_label(pg, members), members, members.index(self.rank))
-        if len(members) > 1:
+        if len(members) == 1:
+            return g
+        hosts = exchange.hosts_of(self._identities(members))
+        if 1 < len(hosts) < len(members):
+            g.tiers = self._tiers(name, members, hosts, g.index)
+        else:
             g.board = self.board(f"c-{name}", members, len(members), 2, SLOT_SIZE)
         return g
+
+    def _tiers(
+        self, name: str, members: Sequence[int], hosts: list[list[int]], index: int
+    ) -> exchange.Tiers:
+        """A two-level exchange (`exchange.tiered`): a shared-memory board per host (named after
+        the host's first member, since hosts rehearsed on one machine share /dev/shm), and the
+        leaders' and the details' boards in the store."""
+        mine = next(h for h in hosts if index in h)
+        local = f"c-{name}-h{members[mine[0]]}"
+        path = exchange.shm_path(self.session_id, f"{self.generation}-{local}")
+        spill = exchange.StoreBoard(self.store, keys.spill(self.generation, local), 2)
+        board = exchange.ShmBoard(path, len(mine) + 1, 2, SLOT_SIZE, spill)
+        leaders = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-l"), 2)
+        details = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-d"), 2)
+        tiers = exchange.Tiers(hosts, index, board, leaders, details, wire.core_bytes)
+        self._tier_sets.append(tiers)
+        return tiers
 
     # --- boards ---------------------------------------------------------------------------------
 
@@ -155,7 +187,7 @@ class Groups:
     def board(
         self, name: str, members: Sequence[int], rings: int, depth: int, slot: int
     ) -> exchange.Board:
-        if self._same_host(members):
+        if len(set(self._identities(members))) == 1:
             path = exchange.shm_path(self.session_id, f"{self.generation}-{name}")
             prefix = keys.spill(self.generation, name)
             spill = exchange.StoreBoard(self.store, prefix, depth, members)
@@ -166,9 +198,10 @@ class Groups:
         self._boards.append(board)
         return board
 
-    def _same_host(self, members: Sequence[int]) -> bool:
+    def _identities(self, members: Sequence[int]) -> list[str]:
+        """Each member's host, as `hosts` names it or as the member's `host_identity` says."""
         if self.hosts is not None:
-            return len({self.hosts[r] for r in members}) == 1
+            return [self.hosts[r] for r in members]
         wanted = [r for r in members if r not in self._host_ids]
         if wanted:
             names = [keys.host(r) for r in wanted]
@@ -190,7 +223,7 @@ class Groups:
                 self.monitor.end()
             for r, value in zip(wanted, self.store.multi_get(names), strict=True):
                 self._host_ids[r] = value.decode()
-        return len({self._host_ids[r] for r in members}) == 1
+        return [self._host_ids[r] for r in members]
 
     def forget_groups(self) -> None:
         """Drop every group and channel; boards made from now on have new names."""
@@ -204,7 +237,10 @@ class Groups:
     def close(self) -> None:
         for board in self._boards:
             board.close(unlink=True)
+        for tiers in self._tier_sets:
+            tiers.close(unlink=True)
         self._boards.clear()
+        self._tier_sets.clear()
         self.channels.clear()
         self.groups.clear()
 

@@ -20,6 +20,9 @@ Two kinds of board, chosen per group:
 - `StoreBoard` (`store`): keys in the control plane's `torch.distributed.Store`: the path across
   hosts, one store round trip per post and per poll.
 
+A group whose ranks span hosts, several on some, exchanges in two levels (`tiered.Tiers`):
+shared memory on each host, one leader per host through the store.
+
 `collect()` (`wait`) waits for a set of rings: on a `ShmBoard` it sleeps on the ring's doorbell
 and polls only in a window around the time it expects the post; on a `StoreBoard` it polls with
 growing sleeps. Every `TICK_NS` it calls `tick` (beacon, the kernel's abort key), so Ctrl-C and
@@ -42,9 +45,11 @@ from distnb.rank.checked.exchange.board import (
 )
 from distnb.rank.checked.exchange.shm import SHM_DIR, SPIN_NS, ShmBoard, cleanup, shm_path
 from distnb.rank.checked.exchange.store import StoreBoard
+from distnb.rank.checked.exchange.tiered import AGREED, Missing, Tiers, hosts_of
 from distnb.rank.checked.exchange.wait import TICK_NS, Tick, collect, poll_once
 
 __all__ = [
+    "AGREED",
     "LAPPED",
     "MAX_SLEEP_S",
     "MIN_SLEEP_S",
@@ -53,12 +58,15 @@ __all__ = [
     "SPIN_NS",
     "TICK_NS",
     "Board",
+    "Missing",
     "ShmBoard",
     "StoreBoard",
     "Tick",
+    "Tiers",
     "backoff_s",
     "cleanup",
     "collect",
+    "hosts_of",
     "poll_once",
     "shm_path",
 ]

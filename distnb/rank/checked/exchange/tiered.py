@@ -1,0 +1,186 @@
+"""`Tiers`: the exchange of a group whose ranks span hosts, in two levels.
+
+On a flat `StoreBoard` every member posts to the one store and polls every peer's key: N posts
+and N(N-1) key reads per collective through a single server, which grew 7.5-8x for 4x the
+ranks here. In two levels:
+
+1. every member posts its fingerprint on its host's `ShmBoard` (ring = its place on the host);
+2. the host's **leader** (its first member in the group's order) collects its host's
+   fingerprints and posts one **summary** on the leaders' `StoreBoard` (ring = the host):
+   `=` and the core every member of the host posted, if they all posted the same one and that
+   core is legal when every member posts it (`legal`, the checker's cached verdict), else `!`;
+3. the leaders collect each other's summaries. Equal `=` summaries everywhere: the group agrees,
+   and each leader posts `=` on its host's **result ring** (the ring after its members'), which
+   its members wait on;
+4. otherwise (a mismatch, rare) the details move: each leader posts its host's fingerprints on
+   the details `StoreBoard`, collects the other hosts', and posts every member's fingerprint, in
+   the group's order, on its result ring (spilled to the store when larger than a slot). Every
+   member then judges all N fingerprints, as on a flat board, and raises the same error.
+
+Per collective the store sees H posts and H polls of H-1 keys (H hosts), instead of N and N of
+N-1. Depth 2 holds on every board for the reason the package's docstring gives: a member posts
+s after reading result s-1, which its leader posts after reading every summary s-1.
+
+Who a waiting member is waiting for (its beacon's `waiting_for`, which the kernel's referee
+reads) is exact on its own host (the host's rings) and, for another host, every member of a host
+whose summary has not come (the store cannot tell which of them is late; the referee blames only
+the ranks among them that are done, so its verdict is unchanged).
+"""
+
+from __future__ import annotations
+
+import marshal
+from collections.abc import Callable, Sequence
+
+from distnb.rank.checked.exchange.board import LAPPED, Board
+from distnb.rank.checked.exchange.shm import ShmBoard
+from distnb.rank.checked.exchange.store import StoreBoard
+from distnb.rank.checked.exchange.wait import poll_once
+
+__all__ = ["AGREED", "Gather", "Missing", "Tiers", "hosts_of"]
+
+AGREED = b"="
+_DIFFER = b"!"
+
+# gather(board, rings, stamp, missing): the payloads of `rings` at `stamp` (None: not all there,
+# for a gather that must not wait); `missing(rings)` names the group members behind missing rings
+Missing = Callable[[Sequence[int]], list[int]]
+Gather = Callable[[Board, Sequence[int], int, Missing], "list[bytes] | None"]
+Legal = Callable[[bytes], bool]  # legal(core): may every member post this same core?
+
+
+def hosts_of(identities: Sequence[str]) -> list[list[int]]:
+    """Members' indexes grouped by host, hosts in order of their first member."""
+    hosts: dict[str, list[int]] = {}
+    for i, ident in enumerate(identities):
+        hosts.setdefault(ident, []).append(i)
+    return list(hosts.values())
+
+
+class Tiers:
+    """One member's side of a two-level exchange (see the module's docstring).
+
+    `hosts[h]` lists the group indexes of host h's members; `index` is this member's.
+    """
+
+    def __init__(
+        self,
+        hosts: Sequence[Sequence[int]],
+        index: int,
+        local: ShmBoard,
+        leaders: StoreBoard,
+        details: StoreBoard,
+        core_of: Callable[[bytes], bytes],
+    ) -> None:
+        """`core_of(payload)` is a payload's core (`wire.core_bytes`)."""
+        self.core_of = core_of
+        self.hosts = [list(h) for h in hosts]
+        self.host = next(h for h, m in enumerate(self.hosts) if index in m)
+        self.mine = self.hosts[self.host]
+        self.slot = self.mine.index(index)  # this member's ring on its host's board
+        self.result_ring = len(self.mine)
+        self.others = [h for h in range(len(self.hosts)) if h != self.host]
+        self.size = sum(len(h) for h in self.hosts)
+        self.local, self.leaders, self.details = local, leaders, details
+        self.posted: list[tuple[Board, int, int]] = []  # what `withdraw` takes back
+
+    @property
+    def leader(self) -> bool:
+        return self.slot == 0
+
+    def exchange(
+        self, stamp: int, payload: bytes, core: bytes, legal: Legal, gather: Gather
+    ) -> bytes | list[bytes] | None:
+        """AGREED, every member's payload in the group's order, or None (`gather` came back
+        without them: only a gather that must not wait does that)."""
+        self.posted = []
+        self._post(self.local, self.slot, stamp, payload)
+        return self.finish(stamp, payload, core, legal, gather)
+
+    def finish(
+        self, stamp: int, payload: bytes, core: bytes, legal: Legal, gather: Gather
+    ) -> bytes | list[bytes] | None:
+        """The exchange after this member's post (again, with a gather that never waits, after
+        Ctrl-C); see `exchange`."""
+        if not self.leader:
+            got = gather(self.local, [self.result_ring], stamp, self._missing_local)
+            return None if got is None else _result(got[0])
+        host = gather(self.local, list(range(1, len(self.mine))), stamp, self._missing_local)
+        if host is None:
+            return None
+        host.insert(0, payload)
+        same = all(self.core_of(p) == core for p in host) and legal(core)
+        summary = AGREED + core if same else _DIFFER
+        if (self.leaders, self.host, stamp) not in self.posted:
+            self._post(self.leaders, self.host, stamp, summary)
+        theirs = gather(self.leaders, self.others, stamp, self._missing_hosts)
+        if theirs is None:
+            return None
+        if same and all(s == summary for s in theirs):
+            self.local.post(self.result_ring, stamp, AGREED)
+            return AGREED
+        if (self.details, self.host, stamp) not in self.posted:
+            self._post(self.details, self.host, stamp, marshal.dumps(host))
+        remote = gather(self.details, self.others, stamp, self._missing_hosts)
+        if remote is None:
+            return None
+        every: list[bytes] = [LAPPED] * self.size
+        for h, blob in zip([self.host, *self.others], [marshal.dumps(host), *remote], strict=True):
+            for i, p in zip(self.hosts[h], marshal.loads(blob), strict=True):
+                every[i] = p
+        self.local.post(self.result_ring, stamp, marshal.dumps(every))
+        return every
+
+    def now(
+        self, stamp: int, payload: bytes, core: bytes, legal: Legal
+    ) -> bytes | list[bytes] | None:
+        """The exchange's outcome if it can end without waiting (after Ctrl-C), else None."""
+
+        def gather(board: Board, rings: Sequence[int], s: int, _: Missing) -> list[bytes] | None:
+            return poll_once(board, rings, s)
+
+        return self.finish(stamp, payload, core, legal, gather)
+
+    def withdraw(self) -> None:
+        """Take back what this member posted for its last exchange."""
+        for board, ring, stamp in self.posted:
+            board.retract(ring, stamp)
+        self.posted = []
+
+    def _post(self, board: Board, ring: int, stamp: int, payload: bytes) -> None:
+        self.posted.append((board, ring, stamp))
+        board.post(ring, stamp, payload)
+
+    def _missing_local(self, rings: Sequence[int]) -> list[int]:
+        """Group indexes behind missing rings of the host's board. A member waiting for its
+        result names the host's members that have not posted and, once all have, every member of
+        the hosts whose summary has not come."""
+        if list(rings) != [self.result_ring]:
+            return [self.mine[r] for r in rings]
+        stamp = self._stamp()
+        late = [self.mine[r] for r in range(len(self.mine)) if self.local.read(r, stamp) is None]
+        if late:
+            return late
+        summaries = self.leaders.read_many(self.others, stamp)
+        return self._missing_hosts([h for h, s in zip(self.others, summaries) if s is None])
+
+    def _missing_hosts(self, hosts: Sequence[int]) -> list[int]:
+        return sorted(i for h in hosts for i in self.hosts[h])
+
+    def _stamp(self) -> int:
+        return self.posted[0][2] if self.posted else 0
+
+    def forget(self) -> None:
+        self.local.forget()
+
+    def close(self, unlink: bool) -> None:
+        self.local.close(unlink)
+        self.leaders.close(unlink)
+        self.details.close(unlink)
+
+
+def _result(value: bytes) -> bytes | list[bytes]:
+    if value == AGREED:
+        return AGREED
+    every: list[bytes] = marshal.loads(value)
+    return every
