@@ -10,7 +10,9 @@ rank's time):
 
 - plain:     distnb installed, checks off (`distnb.unchecked()`): every ratio's baseline;
 - again:     plain once more in its own turn: the noise floor;
-- 1 host:    checked, every rank on one host (shared memory only);
+- 1 host:    checked, every rank on one host (shared memory only; from `FLAT_MAX` ranks on,
+             through a leader);
+- 1 host flat: the same, every rank collecting every peer's post (as below `FLAT_MAX`);
 - N hosts:   checked, ranks split into `hosts` of equal size (`install(hosts=...)`: ranks with
              the same host name share a shared-memory board, the others meet through the store,
              exactly the path taken across machines; here the machines are host names on one
@@ -34,7 +36,6 @@ import sys
 import time
 import warnings
 from multiprocessing.connection import Connection
-from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -43,6 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from median_ci import ratio_of_medians  # noqa: E402
 from results import saved  # noqa: E402
 from spawned import Spawned  # noqa: E402
+
+from distnb.rank.checked.groups import FLAT_MAX  # noqa: E402
 
 
 def layout(world: int, hosts: int) -> list[str]:
@@ -57,7 +60,9 @@ def _worker(rank: int, world: int, port: int, conn: Connection) -> None:
     import torch.distributed as dist
 
     from distnb.rank import checked
+    from distnb.rank.checked import groups
 
+    FLAT_MAX = groups.FLAT_MAX
     torch.set_num_threads(1)
     client = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=120))
     dist.init_process_group(
@@ -74,6 +79,7 @@ def _worker(rank: int, world: int, port: int, conn: Connection) -> None:
             break
         hosts, iters = request
         if hosts:
+            groups.FLAT_MAX = 10**6 if hosts[0] == "flat" else FLAT_MAX
             checked.install(store, rank=rank, world_size=world, session_id=session, hosts=hosts)
         dist.all_reduce(x)  # the group's board made outside the timing
         dist.barrier()
@@ -98,6 +104,8 @@ def _round_ms(per_rank: list[list[int]]) -> float:
 def modes_for(world: int) -> dict[str, list[str] | None]:
     """mode -> hosts to install with (None: plain, unchecked)."""
     modes: dict[str, list[str] | None] = {"plain": None, "again": None, "1 host": [""] * world}
+    if world >= FLAT_MAX:
+        modes["1 host flat"] = ["flat"] * world
     for h in (2, 4):
         if world > h:
             modes[f"{h} hosts"] = layout(world, h)
@@ -133,14 +141,62 @@ def row(world: int, rounds: dict[str, list[float]]) -> str:
     return "  ".join(cells)
 
 
+def sessions(world: int, repeats: int, cells: int) -> dict[str, list[float]]:
+    """Starts (distnb against raw ipyparallel + torch + gloo, alternating which goes first) and
+    empty cells (`session.run("")` against `%px`'s execute + wait for output, rounds rotated)."""
+    from bench_session import cell_times, distnb_start, raw_start_stopped
+
+    times: dict[str, list[float]] = {"distnb start": [], "raw start": []}
+    for i in range(repeats):
+        if i % 2 == 0:
+            times["raw start"].append(raw_start_stopped(world))
+        elapsed, session = distnb_start(world)
+        times["distnb start"].append(elapsed)
+        try:
+            if i == 0:
+                cell = cell_times(session, cells)
+                times["distnb cell"], times["px cell"] = cell["distnb"], cell["raw+output"]
+        finally:
+            session.stop()
+        if i % 2 == 1:
+            times["raw start"].append(raw_start_stopped(world))
+    return times
+
+
+def session_rows(world: int, t: dict[str, list[float]]) -> str:
+    def ratio(ours: list[float], peer: list[float]) -> str:
+        r, low, high = ratio_of_medians(ours, peer)
+        return f"{r:.2f}x [{low:.2f}-{high:.2f}]"
+
+    start = ratio(t["distnb start"], t["raw start"])
+    cell = ratio(t["distnb cell"], t["px cell"])
+    med = {k: statistics.median(v) for k, v in t.items()}
+    return (
+        f"{world:5d}  start {med['distnb start']:6.1f} s vs raw {med['raw start']:6.1f} s: "
+        f"{start}   empty cell {med['distnb cell'] * 1e3:6.1f} ms vs %px "
+        f"{med['px cell'] * 1e3:6.1f} ms: {cell}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("collectives", "sessions"), default="collectives")
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--iters", type=int, default=40)
-    parser.add_argument("--name", default="scale-collectives", help="bench/results/<name>.txt")
+    parser.add_argument("--repeats", type=int, default=2, help="starts of each kind (sessions)")
+    parser.add_argument("--cells", type=int, default=40, help="rounds of empty cells (sessions)")
+    parser.add_argument("--name", default="", help="bench/results/<name>.txt")
     args = parser.parse_args()
-    with saved(args.name):
+    with saved(args.name or f"scale-{args.part}"):
+        if args.part == "sessions":
+            print(
+                f"# start: {args.repeats} of each, alternating which goes first; empty cell: "
+                f"{args.cells} rounds, order rotated; ratio [95% interval, paired bootstrap]"
+            )
+            for world in args.ranks:
+                print(session_rows(world, sessions(world, args.repeats, args.cells)), flush=True)
+            return
         print(
             "# checked 8-element all_reduce against plain (checks off) in the same run; "
             f"{args.rounds} rounds of {args.iters} calls per mode, modes rotated\n"

@@ -51,27 +51,27 @@ from results import saved
 WARMUP_ROUNDS = 10
 
 
-def raw_start() -> tuple[float, Any]:
+def raw_start(n: int = 2) -> tuple[float, Any]:
     import ipyparallel as ipp
 
     started = time.perf_counter()
-    cluster = ipp.Cluster(n=2, profile_dir=tempfile.mkdtemp(prefix="bench-ipp-"), log_level=40)
+    cluster = ipp.Cluster(n=n, profile_dir=tempfile.mkdtemp(prefix="bench-ipp-"), log_level=40)
     client = cluster.start_and_connect_sync()
     view = client[:]
     view.execute("import torch, torch.distributed as dist", block=True)
     port = _free_port()
-    view.scatter("rank", [0, 1], flatten=True, block=True)
+    view.scatter("rank", list(range(n)), flatten=True, block=True)
     view.execute(
         f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', "
-        "rank=rank, world_size=2)",
+        f"rank=rank, world_size={n})",
         block=True,
     )
     return time.perf_counter() - started, cluster
 
 
-def raw_start_stopped() -> float:
+def raw_start_stopped(n: int = 2) -> float:
     """raw_start's time, its cluster stopped before anything else starts."""
-    elapsed, cluster = raw_start()
+    elapsed, cluster = raw_start(n)
     cluster.stop_cluster_sync()
     return elapsed
 
@@ -84,9 +84,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def distnb_start() -> tuple[float, distnb.Session]:
+def distnb_start(n: int = 2) -> tuple[float, distnb.Session]:
     started = time.perf_counter()
-    session = distnb.start(2, progress=False)
+    session = distnb.start(n, progress=False)
     return time.perf_counter() - started, session
 
 

@@ -1,10 +1,11 @@
 """The session's status table, and start-up progress.
 
-`Status` shows one row per rank: who it is (rank, host, pid, device, backend) and, when the
-session asked the ranks, what it runs with (memory, CUDA memory, torch's intra-op threads,
-whether it is alive); with ranks on several hosts, a row per host (its address, its ranks, its
-GPUs); then the distributed environment grouped by value, variables that differ between ranks
-first.
+`Status` shows one row per rank (from `grouping.GROUP_FROM` ranks on, one per group of ranks
+that agree: `0-7  node1  8 pids  cuda:0-7  nccl ...`): who it is (rank, host, pid, device,
+backend) and, when the session asked the ranks, what it runs with (memory, CUDA memory,
+torch's intra-op threads, whether it is alive); with ranks on several hosts, a row per host
+(its address, its ranks, its GPUs); then the distributed environment grouped by value,
+variables that differ between ranks first.
 `Progress` is a tqdm bar: a widget in Jupyter, text on stderr in a terminal.
 """
 
@@ -28,8 +29,11 @@ from distnb.views._format import (
     text_table,
 )
 from distnb.views.display import in_kernel
+from distnb.views.grouping import GROUP_FROM, group_rows
 
 COLUMNS = ("rank", "host", "pid", "device", "backend")
+# what sets ranks apart without saying anything about them: left out when grouping rows
+APART = ("pid", "device", "memory (peak)", "cuda allocated", "reserved", "peak")
 HOST_COLUMNS = ("host", "address", "ranks", "local ranks", "GPUs")
 INTRA_OP_THREADS = "intra-op threads"
 ALIVE = "alive"
@@ -56,6 +60,31 @@ class Status:
         return COLUMNS + extra + (("state",) if self.states else ())
 
     def rows(self) -> list[tuple[str, ...]]:
+        """A row per rank; from `GROUP_FROM` ranks on, a row per group of ranks that agree in
+        everything but their number, pid, device index and memory (`views.grouping`)."""
+        rows = self.rank_rows()
+        if len(rows) < GROUP_FROM:
+            return rows
+        columns = self.columns()
+        apart = [columns.index(c) for c in APART if c in columns]
+        ranks = [r.rank for r in self.ranks]
+        return group_rows(rows, ranks, apart, self._group_cell)
+
+    def _group_cell(self, column: int, members: list[int]) -> str | None:
+        """The pids' count and the memory's range of a group of ranks (None: `span` it)."""
+        name = self.columns()[column]
+        if name == "pid" and len(members) > 1:
+            return f"{len(members)} pids"
+        known = [m for m in members if self.resources and self.resources[m] is not None]
+        if name != "memory (peak)" or len(known) < 2:
+            return None
+        rss = sorted(r.rss for m in known if (r := self.resources[m]) is not None)
+        peak = max(r.peak_rss for m in known if (r := self.resources[m]) is not None)
+        low, high = format_bytes(rss[0]), format_bytes(rss[-1])
+        return f"{low if low == high else f'{low}-{high}'} ({format_bytes(peak)})"
+
+    def rank_rows(self) -> list[tuple[str, ...]]:
+        """A row per rank."""
         rows = []
         for i, r in enumerate(self.ranks):
             row: tuple[str, ...] = (str(r.rank), r.host, str(r.pid), r.device, r.backend)

@@ -110,3 +110,32 @@ def test_ranks_on_several_hosts_get_a_row_per_host() -> None:
     assert "hosts:" in text and "node2  10.0.0.2  rank 2" in text
     assert "hosts" in status._repr_html_() and "10.0.0.2" in status._repr_html_()
     assert Status(RANKS).hosts() == [] and "hosts:" not in repr(Status(RANKS))  # one host
+
+
+def test_thirty_two_ranks_on_four_hosts_read_as_four_rows() -> None:
+    ranks = tuple(
+        RankInfo(
+            r, r % 8, r, f"node{r // 8}", 1000 + r, f"cuda:{r % 8}", "nccl", f"10.0.0.{r // 8}"
+        )
+        for r in range(32)
+    )
+    res = tuple(
+        RankResources(
+            r, (400 + r) * MiB, 600 * MiB, 4, CudaMemory(f"cuda:{r % 8}", MiB, MiB, MiB, 2**30)
+        )
+        for r in range(32)
+    )
+    rows = Status(ranks, resources=res, states=("alive",) * 32).rows()
+    assert [row[:5] for row in rows] == [
+        (f"{8 * h}-{8 * h + 7}", f"node{h}", "8 pids", "cuda:0-7", "nccl") for h in range(4)
+    ]
+    assert rows[0][5] == "400.0 MiB-407.0 MiB (600.0 MiB)" and rows[0][-1] == "alive"
+
+
+def test_a_rank_that_differs_stands_alone() -> None:
+    ranks = tuple(RankInfo(r, r, r, "vm", 100 + r, "cpu", "gloo") for r in range(12))
+    states = tuple("died" if r == 5 else "alive" for r in range(12))
+    rows = Status(ranks, resources=(), states=states).rows()
+    assert [(row[0], row[-1]) for row in rows] == [("0-4,6-11", "alive"), ("5", "died")]
+    assert rows[1][2] == "105"  # one rank: its own pid
+    assert len(Status(ranks[:8]).rows()) == 8  # a few ranks: a row each

@@ -30,6 +30,7 @@ from distnb.rank.signed import take_forged
 from distnb.records.beacon import WaitKind
 
 __all__ = [
+    "FLAT_MAX",
     "P2P_SLOT_SIZE",
     "SHM_VAR",
     "SLOT_SIZE",
@@ -40,6 +41,9 @@ __all__ = [
     "host_identity",
 ]
 
+# A group of at least this many ranks on one host exchanges through a leader too (`Tiers` with one
+# host): each member sleeps until one post, its leader's, instead of waking for each peer's.
+FLAT_MAX = 8
 SLOT_SIZE = 16 * 1024  # one fingerprint; bigger ones spill into the store
 P2P_SLOT_SIZE = 2 * 1024
 
@@ -148,7 +152,7 @@ class Groups:
         if len(members) == 1:
             return g
         hosts = exchange.hosts_of(self._identities(members))
-        if 1 < len(hosts) < len(members):
+        if 1 < len(hosts) < len(members) or len(members) >= FLAT_MAX:
             g.tiers = self._tiers(name, members, hosts, g.index)
         else:
             g.board = self.board(f"c-{name}", members, len(members), 2, SLOT_SIZE)
@@ -165,8 +169,10 @@ class Groups:
         path = exchange.shm_path(self.session_id, f"{self.generation}-{local}")
         spill = exchange.StoreBoard(self.store, keys.spill(self.generation, local), 2)
         board = exchange.ShmBoard(path, len(mine) + 1, 2, SLOT_SIZE, spill)
-        leaders = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-l"), 2)
-        details = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-d"), 2)
+        leaders = details = None
+        if len(hosts) > 1:
+            leaders = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-l"), 2)
+            details = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-d"), 2)
         tiers = exchange.Tiers(hosts, index, board, leaders, details, wire.core_bytes)
         self._tier_sets.append(tiers)
         return tiers

@@ -68,8 +68,8 @@ class Tiers:
         hosts: Sequence[Sequence[int]],
         index: int,
         local: ShmBoard,
-        leaders: StoreBoard,
-        details: StoreBoard,
+        leaders: StoreBoard | None,
+        details: StoreBoard | None,
         core_of: Callable[[bytes], bytes],
     ) -> None:
         """`core_of(payload)` is a payload's core (`wire.core_bytes`)."""
@@ -111,17 +111,13 @@ class Tiers:
         host.insert(0, payload)
         same = all(self.core_of(p) == core for p in host) and legal(core)
         summary = AGREED + core if same else _DIFFER
-        if (self.leaders, self.host, stamp) not in self.posted:
-            self._post(self.leaders, self.host, stamp, summary)
-        theirs = gather(self.leaders, self.others, stamp, self._missing_hosts)
+        theirs = self._across(self.leaders, stamp, summary, gather)
         if theirs is None:
             return None
         if same and all(s == summary for s in theirs):
             self.local.post(self.result_ring, stamp, AGREED)
             return AGREED
-        if (self.details, self.host, stamp) not in self.posted:
-            self._post(self.details, self.host, stamp, marshal.dumps(host))
-        remote = gather(self.details, self.others, stamp, self._missing_hosts)
+        remote = self._across(self.details, stamp, marshal.dumps(host), gather)
         if remote is None:
             return None
         every: list[bytes] = [LAPPED] * self.size
@@ -130,6 +126,17 @@ class Tiers:
                 every[i] = p
         self.local.post(self.result_ring, stamp, marshal.dumps(every))
         return every
+
+    def _across(
+        self, board: StoreBoard | None, stamp: int, value: bytes, gather: Gather
+    ) -> list[bytes] | None:
+        """Post `value` for the other hosts' leaders on `board` and gather theirs (nothing to
+        do for a group on one host)."""
+        if board is None:
+            return []
+        if (board, self.host, stamp) not in self.posted:
+            self._post(board, self.host, stamp, value)
+        return gather(board, self.others, stamp, self._missing_hosts)
 
     def now(
         self, stamp: int, payload: bytes, core: bytes, legal: Legal
@@ -161,6 +168,8 @@ class Tiers:
         late = [self.mine[r] for r in range(len(self.mine)) if self.local.read(r, stamp) is None]
         if late:
             return late
+        if self.leaders is None:
+            return []
         summaries = self.leaders.read_many(self.others, stamp)
         return self._missing_hosts([h for h, s in zip(self.others, summaries) if s is None])
 
@@ -175,8 +184,9 @@ class Tiers:
 
     def close(self, unlink: bool) -> None:
         self.local.close(unlink)
-        self.leaders.close(unlink)
-        self.details.close(unlink)
+        for board in (self.leaders, self.details):
+            if board is not None:
+                board.close(unlink)
 
 
 def _result(value: bytes) -> bytes | list[bytes]:
