@@ -1,5 +1,7 @@
 """Show a `ShapeTable`: plain text, static HTML, and an ipywidgets widget with filters.
 
+From `grouping.GROUP_FROM` ranks on, ranks whose cells agree in every row share a column
+(`ranks 0-31`), so 32 ranks that agree read as one column and a rank that differs stands alone.
 Displaying a `ShapeTableView` gives static HTML (it survives nbconvert and GitHub, where widget
 state does not); `view.widget()` adds a name filter and a differing-only switch. Module rows fold
 their parameters and buffers into an HTML `<details>` under the row.
@@ -8,6 +10,7 @@ their parameters and buffers into an HTML `<details>` under the row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from distnb.ranklist import format_ranks
@@ -24,6 +27,7 @@ from distnb.views._format import (
     html_table,
     text_table,
 )
+from distnb.views.grouping import GROUP_FROM
 from distnb.views.shape_table import ShapeRow, ShapeTable, build_table
 
 __all__ = ["ShapeTableView"]
@@ -156,9 +160,55 @@ def _count(label: str, k: int, n: int, marked: bool) -> list[Part]:
 # -- text ----------------------------------------------------------------------------------
 
 
+def column_groups(table: ShapeTable) -> list[list[int]]:
+    """Columns (indexes into `table.ranks`) that show the same thing in every row, children
+    included, each tensor's device read against its rank's own: from `GROUP_FROM` ranks on such
+    ranks share one column (`ranks 0-31`); below, each rank has its own."""
+    n = len(table.ranks)
+    if n < GROUP_FROM:
+        return [[i] for i in range(n)]
+    signatures: dict[tuple[object, ...], list[int]] = {}
+    for i, device in enumerate(table.devices):
+        sig = tuple((*_own(r.cells[i], device), r.marked[i]) for r in _all_rows(table.rows))
+        signatures.setdefault(sig, []).append(i)
+    return list(signatures.values())
+
+
+def _all_rows(rows: Sequence[ShapeRow]) -> list[ShapeRow]:
+    return [x for r in rows for x in (r, *r.children)]
+
+
+def _own(entry: Entry | None, device: str) -> tuple[object, ...]:
+    """An entry with its rank's own device left out, as a comparable tuple."""
+    if isinstance(entry, TensorMeta) and entry.device == device:
+        return (replace(entry, device=""),)
+    return (entry,)
+
+
+def _headers(table: ShapeTable, groups: list[list[int]], devices: bool) -> list[str]:
+    out = []
+    for g in groups:
+        ranks = format_ranks(table.ranks[i] for i in g)
+        kinds = sorted({table.devices[i].split(":")[0] for i in g})
+        out.append(f"{ranks} ({'/'.join(kinds)})" if devices else ranks)
+    return out
+
+
+def _pick(row: ShapeRow, groups: list[list[int]]) -> ShapeRow:
+    """The row with one cell per column group (its first rank's)."""
+    return replace(
+        row,
+        cells=tuple(row.cells[g[0]] for g in groups),
+        marked=tuple(row.marked[g[0]] for g in groups),
+        children=tuple(_pick(c, groups) for c in row.children),
+    )
+
+
 def render_text(table: ShapeTable, max_rows: int = 200, max_children: int = 10) -> str:
     """Aligned text; a deviating cell starts with `*`; differing module parameters indented."""
-    header = ["name", *(f"rank {r}" for r in table.ranks), "differs"]
+    groups = column_groups(table)
+    header = ["name", *_headers(table, groups, devices=False), "differs"]
+    table = replace(table, rows=tuple(_pick(r, groups) for r in table.rows))
     rows: list[list[str]] = []
     for row in table.rows[:max_rows]:
         rows.append(_text_row(row.name, row))
@@ -195,12 +245,14 @@ CHILDREN_STYLE = "padding:0 0 0 16px;border-bottom:none;white-space:normal"
 
 def render_html(table: ShapeTable, max_rows: int = 200, max_children: int = 100) -> str:
     """Static HTML with inline styles; modules expand through `<details>`."""
-    ncols = len(table.ranks) + 2
-    header = [
-        "name",
-        *(f"rank {r} ({d})" for r, d in zip(table.ranks, table.devices, strict=True)),
-        "differs",
-    ]
+    groups = column_groups(table)
+    ncols = len(groups) + 2
+    if len(groups) == len(table.ranks):
+        heads = [f"rank {r} ({d})" for r, d in zip(table.ranks, table.devices, strict=True)]
+    else:
+        heads = _headers(table, groups, devices=True)
+    header = ["name", *heads, "differs"]
+    table = replace(table, rows=tuple(_pick(r, groups) for r in table.rows))
     rows: list[Row] = []
     for row in table.rows[:max_rows]:
         rows.append(_html_row(row.name, row))

@@ -210,3 +210,22 @@ def test_widget_filters_rows() -> None:
     only.value = "all"
     pattern.value = "xb"
     assert "xa" not in out.value
+
+
+def test_thirty_two_ranks_that_agree_share_a_column_and_the_odd_one_stands_alone() -> None:
+    scans = [
+        scan(
+            r,
+            t("x", (4, 9 if r == 17 else 8), device=f"cuda:{r % 8}"),
+            linear("fc", 3),
+            device=f"cuda:{r % 8}",
+        )
+        for r in range(32)
+    ]
+    view = ShapeTableView.from_scans(scans)
+    header = render_text(view.table).splitlines()[2]
+    assert header.split() == ["name", "ranks", "0-16,18-31", "rank", "17", "differs"]
+    assert "*[4, 9] float32 cuda:1" in render_text(view.table)  # rank 17's own cell, marked
+    html = view._repr_html_()
+    assert "ranks 0-16,18-31 (cuda)" in html and "rank 17 (cuda)" in html
+    assert html.count("</th>") == 4  # name, two rank columns, differs
