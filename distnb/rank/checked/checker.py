@@ -237,12 +237,18 @@ class Checker(Groups):
             assert got is not None
             return got, False
         except KeyboardInterrupt:
-            got = tiers.now(stamp, payload, mine, legal)
+            got = tiers.settle(stamp, payload, mine, legal)
             if got is None:
                 self._withdraw(g, seq)
                 raise
             return got, True
-        except (CollectiveDesyncError, CollectiveMismatchError) as exc:
+        except CollectiveDesyncError:
+            got = tiers.settle(stamp, payload, mine, legal)
+            if got is None:
+                self._withdraw(g, seq)
+                raise
+            return got, False
+        except CollectiveMismatchError as exc:  # a deadlock: the peer withdraws as well
             self._withdraw(g, seq)
             self.last_mismatch = getattr(exc, "mismatch", None) or self.last_mismatch
             raise

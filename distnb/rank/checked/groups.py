@@ -168,7 +168,7 @@ class Groups:
         local = f"c-{name}-h{members[mine[0]]}"
         path = exchange.shm_path(self.session_id, f"{self.generation}-{local}")
         spill = exchange.StoreBoard(self.store, keys.spill(self.generation, local), 2)
-        board = exchange.ShmBoard(path, len(mine) + 1, 2, SLOT_SIZE, spill)
+        board = exchange.ShmBoard(path, len(mine) + 2, 2, SLOT_SIZE, spill)
         leaders = details = None
         if len(hosts) > 1:
             leaders = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-l"), 2)

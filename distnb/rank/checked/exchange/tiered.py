@@ -30,6 +30,7 @@ the ranks among them that are done, so its verdict is unchanged).
 from __future__ import annotations
 
 import marshal
+import time
 from collections.abc import Callable, Sequence
 
 from distnb.rank.checked.exchange.board import LAPPED, Board
@@ -37,10 +38,12 @@ from distnb.rank.checked.exchange.shm import ShmBoard
 from distnb.rank.checked.exchange.store import StoreBoard
 from distnb.rank.checked.exchange.wait import poll_once
 
-__all__ = ["AGREED", "Gather", "Missing", "Tiers", "hosts_of"]
+__all__ = ["AGREED", "SETTLE_S", "Gather", "Missing", "Tiers", "hosts_of"]
 
 AGREED = b"="
 _DIFFER = b"!"
+_ABORTED = b"x"
+SETTLE_S = 5.0  # how long a member waits for its leader's word after its wait was ended
 
 # gather(board, rings, stamp, missing): the payloads of `rings` at `stamp` (None: not all there,
 # for a gather that must not wait); `missing(rings)` names the group members behind missing rings
@@ -79,6 +82,7 @@ class Tiers:
         self.mine = self.hosts[self.host]
         self.slot = self.mine.index(index)  # this member's ring on its host's board
         self.result_ring = len(self.mine)
+        self.abort_ring = len(self.mine) + 1  # the leader's word that it withdrew
         self.others = [h for h in range(len(self.hosts)) if h != self.host]
         self.size = sum(len(h) for h in self.hosts)
         self.local, self.leaders, self.details = local, leaders, details
@@ -94,6 +98,8 @@ class Tiers:
         """AGREED, every member's payload in the group's order, or None (`gather` came back
         without them: only a gather that must not wait does that)."""
         self.posted = []
+        if self.leader:  # a word from an earlier try at this stamp is void: this one starts
+            self.local.retract(self.abort_ring, stamp)
         self._post(self.local, self.slot, stamp, payload)
         return self.finish(stamp, payload, core, legal, gather)
 
@@ -138,15 +144,37 @@ class Tiers:
             self._post(board, self.host, stamp, value)
         return gather(board, self.others, stamp, self._missing_hosts)
 
-    def now(
+    def settle(
         self, stamp: int, payload: bytes, core: bytes, legal: Legal
     ) -> bytes | list[bytes] | None:
-        """The exchange's outcome if it can end without waiting (after Ctrl-C), else None."""
+        """After a wait ended early (the kernel's abort key, Ctrl-C): the exchange's outcome if
+        it can end now, else None, and the member withdraws.
+
+        Members follow their leader, so that a host never splits: a leader that cannot end the
+        exchange says so on its abort ring before it withdraws; a member whose leader is in
+        this exchange waits (up to `SETTLE_S`) for its result or that word. (The kernel's abort
+        can be late: ranks that raised a mismatch, found after every member posted, are done
+        while members still wait for their leader's result; those members must take the
+        result, not withdraw, or their seq would fall behind their leader's.)"""
 
         def gather(board: Board, rings: Sequence[int], s: int, _: Missing) -> list[bytes] | None:
             return poll_once(board, rings, s)
 
-        return self.finish(stamp, payload, core, legal, gather)
+        if self.leader:
+            got = self.finish(stamp, payload, core, legal, gather)
+            if got is None:
+                self.local.post(self.abort_ring, stamp, _ABORTED)
+            return got
+        deadline = time.monotonic() + SETTLE_S
+        while self.local.read(0, stamp) not in (None, LAPPED):  # the leader is in it
+            result = self.local.read(self.result_ring, stamp)
+            if result not in (None, LAPPED):
+                assert result is not None
+                return _result(result)
+            if self.local.read(self.abort_ring, stamp) == _ABORTED or time.monotonic() > deadline:
+                return None
+            time.sleep(0.001)
+        return None
 
     def withdraw(self) -> None:
         """Take back what this member posted for its last exchange."""
