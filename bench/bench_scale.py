@@ -178,9 +178,117 @@ def session_rows(world: int, t: dict[str, list[float]]) -> str:
     )
 
 
+# --- the model -----------------------------------------------------------------------------
+
+
+def store_costs(repeats: int = 300) -> tuple[float, float]:
+    """(a, b) in seconds: a store request's round trip (a one-key `multi_get`) and each key more
+    that a `multi_get` reads, from this process to a TCPStore server in a thread here (loopback)."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, None, False)
+    value = b"x" * 120  # a summary: a marker and a core
+    sizes = (1, 16, 64, 256)
+    for k in range(max(sizes)):
+        client.set(f"k{k}", value)
+    times = {}
+    for k in sizes:
+        names = [f"k{i}" for i in range(k)]
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            client.multi_get(names)
+            samples.append(time.perf_counter() - t0)
+        times[k] = statistics.median(samples)
+    b = (times[256] - times[1]) / 255
+    # a `set` is not answered (the client sends it and goes on): a request's round trip is a
+    # one-key read's
+    return times[1], max(b, 0.0)
+
+
+def _echo(rank: int, world: int, port: int, path: str, conn: Connection) -> None:
+    from distnb.rank.checked import exchange
+
+    board = exchange.ShmBoard(path, 2, 2, 256)
+    conn.send("ready")
+    n = conn.recv()
+    for stamp in range(1, n + 1):
+        exchange.collect(board, [0], stamp, lambda *_: None)
+        board.post(1, stamp, b"F")
+    conn.send(None)
+    conn.recv()
+
+
+def shm_hop(n: int = 2000) -> float:
+    """Half a ping-pong between two processes through a `ShmBoard` (a post and the peer's
+    wake-up), seconds, median."""
+    from distnb.rank.checked import exchange
+
+    path = exchange.shm_path(f"scale{os.getpid()}", "hop")
+    board = exchange.ShmBoard(path, 2, 2, 256)
+    peer = Spawned(1, _echo, path)
+    try:
+        peer.conns[0].send(n)
+        samples = []
+        for stamp in range(1, n + 1):
+            t0 = time.perf_counter()
+            board.post(0, stamp, b"F")
+            exchange.collect(board, [1], stamp, lambda *_: None)
+            samples.append(time.perf_counter() - t0)
+        peer.conns[0].recv()
+    finally:
+        peer.close()
+        board.close(unlink=True)
+    return statistics.median(samples) / 2
+
+
+def tree(hosts: int, a: float, b: float, fan: int = 8) -> float:
+    """Leaders in a tree over the store (not built: the model's answer to when it would pay):
+    each inner leader polls its `fan` children's keys, level by level up, and every leader
+    polls its parent's verdict on the way down; every request queues at the one server."""
+    levels, width, up = 0, hosts, 0.0
+    while width > 1:
+        width = -(-width // fan)
+        up += width * (a + b * fan)
+        levels += 1
+    return up + hosts * a + levels * a
+
+
+def predict(n: int, per_host: int, a: float, b: float, h: float) -> tuple[float, float]:
+    """(flat, two-level) seconds a check adds to one collective, on the critical path, when
+    the store server answers requests one at a time: flat, each of n ranks posts and polls n-1
+    keys (n requests of a + b(n-1) queue at the server); in two levels, a post and a result
+    on each host (2 hops), and H = n/per_host leaders, each posting and polling H-1 keys."""
+    flat = a + n * (a + b * (n - 1))
+    hosts = max(1, n // per_host)
+    tiers = 2 * h + (a + hosts * (a + b * (hosts - 1)) if hosts > 1 else 0.0)
+    return flat, tiers
+
+
+def model() -> None:
+    a, b = store_costs()
+    h = shm_hop()
+    print(
+        f"# measured here: store round trip a = {a * 1e6:.0f} us, each key more in a multi_get "
+        f"b = {b * 1e6:.2f} us, shared-memory hop h = {h * 1e6:.0f} us\n"
+        "# assumed: one store server answering one request at a time; each rank polls once "
+        "after the last post (no repeated polls); 8 ranks per host; a network's round trip "
+        "adds to a alone\n"
+        "# ranks  hosts  flat (every rank a host) ms  two levels ms  leaders in a tree (8) ms"
+    )
+    for n in (4, 8, 16, 32, 64, 256, 1024):
+        flat, tiers = predict(n, 8, a, b, h)
+        hosts = max(1, n // 8)
+        treed = 2 * h + tree(hosts, a, b) if hosts > 1 else tiers
+        print(f"{n:7d}  {hosts:5d}  {flat * 1e3:27.2f}  {tiers * 1e3:12.2f}  {treed * 1e3:23.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("collectives", "sessions"), default="collectives")
+    parser.add_argument(
+        "--part", choices=("collectives", "sessions", "model"), default="collectives"
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--iters", type=int, default=40)
@@ -189,6 +297,9 @@ def main() -> None:
     parser.add_argument("--name", default="", help="bench/results/<name>.txt")
     args = parser.parse_args()
     with saved(args.name or f"scale-{args.part}"):
+        if args.part == "model":
+            model()
+            return
         if args.part == "sessions":
             print(
                 f"# start: {args.repeats} of each, alternating which goes first; empty cell: "
