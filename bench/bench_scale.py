@@ -178,6 +178,43 @@ def session_rows(world: int, t: dict[str, list[float]]) -> str:
     )
 
 
+# --- memory over a long session ---------------------------------------------------------------
+
+
+def memory(world: int, cells: int, checkpoints: int = 4) -> None:
+    """Memory of the kernel (this process) and of each rank over `cells` cells, each a checked
+    all_reduce and a line of output per rank: USS (pages no other process maps) at evenly spaced
+    cells, and the growth per cell between the first checkpoint and the last."""
+    import psutil
+
+    import distnb
+
+    session = distnb.start(world, progress=False)
+    try:
+        pids = [r.pid for r in session.ranks]
+        me = psutil.Process()
+        at: list[tuple[int, float, list[float]]] = []
+        step = max(1, cells // checkpoints)
+        for cell in range(1, cells + 1):
+            session.run(f"x = torch.ones(8)\ndist.all_reduce(x)\nprint({cell}, rank)")
+            if cell % step == 0 or cell == 1:
+                ranks = [psutil.Process(p).memory_full_info().uss / 2**20 for p in pids]
+                at.append((cell, me.memory_full_info().uss / 2**20, ranks))
+    finally:
+        session.stop()
+    print(f"# {world} ranks, {cells} cells (a checked all_reduce and a printed line per rank)")
+    print("# cell  kernel USS MiB  ranks' USS MiB: median [min-max]")
+    for cell, kernel, ranks in at:
+        low, high = min(ranks), max(ranks)
+        print(f"{cell:6d}  {kernel:14.1f}  {statistics.median(ranks):8.1f} [{low:.1f}-{high:.1f}]")
+    (c0, k0, r0), (c1, k1, r1) = at[1], at[-1]
+    per_cell = 1024 / (c1 - c0)
+    print(
+        f"growth per cell from cell {c0} to {c1}: kernel {(k1 - k0) * per_cell:.2f} KiB, "
+        f"rank median {(statistics.median(r1) - statistics.median(r0)) * per_cell:.2f} KiB"
+    )
+
+
 # --- the model -----------------------------------------------------------------------------
 
 
@@ -287,18 +324,24 @@ def model() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--part", choices=("collectives", "sessions", "model"), default="collectives"
+        "--part", choices=("collectives", "sessions", "model", "memory"), default="collectives"
     )
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=2, help="starts of each kind (sessions)")
-    parser.add_argument("--cells", type=int, default=40, help="rounds of empty cells (sessions)")
+    parser.add_argument(
+        "--cells", type=int, default=40, help="rounds of empty cells (sessions); cells (memory)"
+    )
     parser.add_argument("--name", default="", help="bench/results/<name>.txt")
     args = parser.parse_args()
     with saved(args.name or f"scale-{args.part}"):
         if args.part == "model":
             model()
+            return
+        if args.part == "memory":
+            for world in args.ranks:
+                memory(world, args.cells)
             return
         if args.part == "sessions":
             print(

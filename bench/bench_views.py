@@ -1,6 +1,9 @@
 """Benchmark the views: timeline renderings of 10,000 events, shape scans of 1,000 tensors.
 
-Run:  .venv/bin/python bench/bench_views.py [--repeat 7]
+Run:  .venv/bin/python bench/bench_views.py [--repeat 7] [--scale]
+
+`--scale`: only the views of 32 ranks on 4 hosts (status, a 200-name shape table, a 10,000-event
+timeline), saved apart (bench/results/views-scale.txt).
 
 Targets: each timeline rendering <= 1 s (measured from the events: building the timeline is
 included, as it is when a view is displayed); scan of a 1,000-tensor namespace on each of 2
@@ -132,12 +135,67 @@ def bench_shapes(repeat: int) -> list[tuple[str, float, float | None]]:
     ]
 
 
+def bench_scale(repeat: int) -> list[tuple[str, float, float | None]]:
+    """32 ranks on 4 hosts: the status table, a 200-name shape table (rank 17 differs in one
+    name), a 10,000-event timeline; each from its records, as displaying a fresh view does."""
+    from distnb.records.cell import RankInfo
+    from distnb.records.resources import RankResources
+    from distnb.records.shapes import ShapeScan, TensorMeta
+    from distnb.views.shape_table import build_table
+    from distnb.views.shapes import ShapeTableView
+    from distnb.views.status import Status
+    from distnb.views.timeline import TimelineView
+
+    infos = tuple(
+        RankInfo(r, r % 8, r, f"node{r // 8}", 1000 + r, "cpu", "gloo", f"10.0.0.{r // 8}")
+        for r in range(32)
+    )
+    res = tuple(RankResources(r, (400 + r) << 20, 600 << 20, 4) for r in range(32))
+    status = Status(infos, resources=res, states=("alive",) * 32)
+
+    def scan(r: int) -> ShapeScan:
+        entries = tuple(
+            TensorMeta(f"t{i}", (64, 65 if (r, i) == (17, 7) else 64), "float32", "cpu")
+            for i in range(200)
+        )
+        return ShapeScan(r, entries)
+
+    scans = [scan(r) for r in range(32)]
+    events = synthetic_events(32, 10_000)
+    table = build_table(scans)
+    return [
+        ("32 ranks, 4 hosts: status text", median_s(lambda: repr(status), repeat), 1.0),
+        ("32 ranks, 4 hosts: status HTML", median_s(status._repr_html_, repeat), 1.0),
+        ("200 names x 32 ranks: build_table", median_s(lambda: build_table(scans), repeat), 1.0),
+        ("200 names x 32 ranks: text", median_s(lambda: repr(ShapeTableView(table)), repeat), 1.0),
+        (
+            "200 names x 32 ranks: HTML",
+            median_s(lambda: ShapeTableView(table)._repr_html_(), repeat),
+            1.0,
+        ),
+        (
+            "10,000 events, 32 ranks: text",
+            median_s(lambda: repr(TimelineView(events)), repeat),
+            1.0,
+        ),
+        (
+            "10,000 events, 32 ranks: HTML (SVG)",
+            median_s(lambda: TimelineView(events)._repr_html_(), repeat),
+            1.0,
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--scale", action="store_true", help="only the 32-rank views")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = bench_timeline(args.repeat, Path(tmp)) + bench_shapes(args.repeat)
+        if args.scale:
+            rows = bench_scale(args.repeat)
+        else:
+            rows = bench_timeline(args.repeat, Path(tmp)) + bench_shapes(args.repeat)
     width = max(len(name) for name, _, _ in rows)
     print(f"{'case':<{width}}  median    target")
     failed = 0
@@ -155,5 +213,5 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from results import saved
 
-    with saved("views"):
+    with saved("views-scale" if "--scale" in sys.argv else "views"):
         main()
