@@ -163,16 +163,23 @@ class Groups:
     ) -> exchange.Tiers:
         """A two-level exchange (`exchange.tiered`): a shared-memory board per host (named after
         the host's first member, since hosts rehearsed on one machine share /dev/shm), and the
-        leaders' and the details' boards in the store."""
+        leaders' and the details' boards in the store. Each store board says whose each ring is,
+        so that a slot read forged is asked again of its writer (`distnb.rank.posts`)."""
         mine = next(h for h in hosts if index in h)
         local = f"c-{name}-h{members[mine[0]]}"
         path = exchange.shm_path(self.session_id, f"{self.generation}-{local}")
-        spill = exchange.StoreBoard(self.store, keys.spill(self.generation, local), 2)
+        writers = [members[i] for i in mine] + [members[mine[0]]] * 2  # result, abort: leader's
+        spill = exchange.StoreBoard(self.store, keys.spill(self.generation, local), 2, writers)
         board = exchange.ShmBoard(path, len(mine) + 2, 2, SLOT_SIZE, spill)
         leaders = details = None
         if len(hosts) > 1:
-            leaders = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-l"), 2)
-            details = exchange.StoreBoard(self.store, keys.board(self.generation, f"c-{name}-d"), 2)
+            heads = [members[h[0]] for h in hosts]
+            leaders = exchange.StoreBoard(
+                self.store, keys.board(self.generation, f"c-{name}-l"), 2, heads
+            )
+            details = exchange.StoreBoard(
+                self.store, keys.board(self.generation, f"c-{name}-d"), 2, heads
+            )
         tiers = exchange.Tiers(hosts, index, board, leaders, details, wire.core_bytes)
         self._tier_sets.append(tiers)
         return tiers
