@@ -7,7 +7,8 @@ srun), each its own, else they are grouped by host (`assign_ranks`, a pure funct
 Each rank posts where it listens (host, interface, address: `keys.endpoint`) just before it
 joins. Once every rank has posted, what is left is connecting: gloo's full mesh takes well
 under a second on a working network, NCCL's communicator some seconds. A group still not joined
-`CONNECT_S` after the last rank arrived cannot connect (a firewall, a route, an interface the
+`CONNECT_S` (more from 16 ranks on: `connect_limit`) after the last rank arrived, and with no
+rank joined since, cannot connect (a firewall, a route, an interface the
 others cannot reach), and would otherwise wait out its timeout (10 minutes) in silence: the
 start fails at once, naming each rank's host and address and the setting to change.
 """
@@ -28,7 +29,8 @@ from distnb.session.control import ControlPlane, ask_for_forged
 from distnb.session.options import Options
 
 __all__ = [
-    "CONNECT_S", "JOIN_TIMEOUT_S", "Placement", "assign_ranks", "choose_backend", "join",
+    "CONNECT_S", "JOIN_TIMEOUT_S", "Placement", "assign_ranks", "choose_backend",
+    "connect_limit", "join",
     "wait_joined",
 ]  # fmt: skip
 
@@ -140,13 +142,14 @@ def wait_joined(
     does (a process lost, `JOIN_TIMEOUT_S`), and when the group cannot connect (see above)."""
     results: dict[int, Any] = {}
     names = [keys.endpoint(rank) for rank, _ in pending]
-    limit = CONNECT_S.get(backend, CONNECT_S["nccl"])
+    limit = connect_limit(backend, len(pending))
     started, arrived = time.monotonic(), 0.0
     while len(results) < len(pending):
         for rank, ar in pending:
             if rank not in results and ar.ready():
                 (results[rank],) = cluster.wait_all([ar], timeout=0)
                 on_joined(len(results))
+                arrived = arrived and time.monotonic()  # a rank joined: the group connects
         if len(results) == len(pending):
             break
         cluster.raise_if_dead()
@@ -161,6 +164,14 @@ def wait_joined(
             raise TimeoutError(f"the engines did not answer within {JOIN_TIMEOUT_S:g} s")
         time.sleep(0.05)
     return [results[rank] for rank, _ in pending]
+
+
+def connect_limit(backend: str, ranks: int) -> float:
+    """How long after the last rank's arrival (or the last join since) a group that has not
+    joined is taken for one that cannot connect: `CONNECT_S`, and as much again per 16 ranks
+    beyond 16 (gloo's mesh is n(n-1)/2 connections; 32 ranks on 2 busy cores took longer than
+    15 s to make them, while ranks that cannot reach each other never join at all)."""
+    return CONNECT_S.get(backend, CONNECT_S["nccl"]) * max(1.0, ranks / 16)
 
 
 def _cannot_connect(
