@@ -29,7 +29,9 @@ in 8-rank hosts; it says what it assumes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import os
 import statistics
 import sys
@@ -194,15 +196,22 @@ def memory(world: int, cells: int, checkpoints: int = 4) -> None:
         pids = [r.pid for r in session.ranks]
         me = psutil.Process()
         at: list[tuple[int, float, list[float]]] = []
+        took: list[float] = []
         step = max(1, cells // checkpoints)
         for cell in range(1, cells + 1):
-            session.run(f"x = torch.ones(8)\ndist.all_reduce(x)\nprint({cell}, rank)")
+            t0 = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):  # the ranks' lines, not the report's
+                session.run(f"x = torch.ones(8)\ndist.all_reduce(x)\nprint({cell}, rank)")
+            took.append(time.perf_counter() - t0)
             if cell % step == 0 or cell == 1:
                 ranks = [psutil.Process(p).memory_full_info().uss / 2**20 for p in pids]
                 at.append((cell, me.memory_full_info().uss / 2**20, ranks))
     finally:
         session.stop()
-    print(f"# {world} ranks, {cells} cells (a checked all_reduce and a printed line per rank)")
+    print(
+        f"# {world} ranks, {cells} cells (a checked all_reduce and a printed line per rank); "
+        f"a cell took {statistics.median(took):.2f} s (median)"
+    )
     print("# cell  kernel USS MiB  ranks' USS MiB: median [min-max]")
     for cell, kernel, ranks in at:
         low, high = min(ranks), max(ranks)
