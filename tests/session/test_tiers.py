@@ -1,4 +1,5 @@
-"""The two-level exchange on real ranks: 8 ranks as 2 hosts of 4 and as 4 hosts of 2.
+"""The two-level exchange on real ranks: 8 ranks as 2 hosts of 4, as 4 hosts of 2, and as one
+host of 8 (where, from `groups.FLAT_MAX` ranks on, members wait for their leader too).
 
 `DISTNB_SHM=k` makes each k ranks a rehearsal host: shared memory within, the store between,
 one leader per host (`distnb.rank.checked.exchange.tiered`). A mismatch, a rank that finishes
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.cluster
 WORLD = 8
 
 
-@pytest.fixture(scope="module", params=[4, 2], ids=["2 hosts of 4", "4 hosts of 2"])
+@pytest.fixture(
+    scope="module", params=[4, 2, 8], ids=["2 hosts of 4", "4 hosts of 2", "1 host of 8"]
+)
 def hosts(request: pytest.FixtureRequest) -> Iterator[tuple[Session, int]]:
     per_host: int = request.param
     with pytest.MonkeyPatch.context() as mp:
