@@ -15,6 +15,7 @@ from distnb import keys
 from distnb.rank import posts
 from distnb.rank.checked.exchange import StoreBoard, collect
 from distnb.rank.signed import ForgedValueError, SignedStore, take_forged
+from tests.conftest import NAMED_S
 
 SECRET = b"s" * 32
 PREFIX = "distnb-test"
@@ -31,8 +32,12 @@ def server() -> Iterator[dist.TCPStore]:
 
 
 def client(server: dist.TCPStore, timeout_s: float = 30.0) -> SignedStore:
-    timeout = datetime.timedelta(seconds=timeout_s)
-    raw = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
+    # connected under a bound that names a hang (a loaded machine takes over a second to
+    # connect), then given the timeout the test is about
+    raw = dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=NAMED_S)
+    )
+    raw.set_timeout(datetime.timedelta(seconds=timeout_s))
     return SignedStore(dist.PrefixStore(PREFIX, raw), SECRET, timeout_s)
 
 

@@ -103,6 +103,18 @@ def matrix() -> Iterator[Matrix]:
     assert not [f for sid in m.sessions for f in glob.glob(boards_pattern(sid))]
 
 
+@pytest.fixture(autouse=True)
+def _leave_it_working(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that failed before its `recover` leaves the next one a working cluster, so one
+    failure is reported once, not again by every test after it."""
+    yield
+    if "matrix" in request.fixturenames:
+        m: Matrix = request.getfixturevalue("matrix")
+        if m.s.running and m.s.broken:
+            m.s.restart()
+            m.note()
+
+
 def kill_at_cell_start(pid: int, sig: int = signal.SIGKILL) -> str:
     """A cell in which rank 0 sends `sig` to `pid` at once, then both ranks sleep."""
     return f"import os\nif rank == 0:\n    os.kill({pid}, {int(sig)})\n" + SLEEP

@@ -34,7 +34,18 @@ LEFT_CLUSTER = (
     "left the cluster (the process died, or its host or the network to it went down; the exit "
     "status of a process on another host is not known here)"
 )
-_SETTLE_S = 0.5  # for a dead process's parent to end too (see `Members.dead`)
+_SETTLE_S = 0.5  # for a dead process's parent to end too (see `Members.dead`), on a quiet machine
+_SETTLE_MAX_S = 3.0
+
+
+def _settle_s() -> float:
+    """`_SETTLE_S`, longer on a machine with more runnable work than cores (a controller told to
+    stop took over a second to end after its heart monitor at a load average of 10 on 2 cores),
+    so that the cause is named rather than the first process that happened to end."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(_SETTLE_MAX_S, _SETTLE_S * max(1.0, load))
+
+
 _LINE_CHARS = 300
 # ipyparallel's log lines: "2026-11-21 09:00:00.123 [IPEngine...] ..."
 _IPP_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \[")
@@ -158,7 +169,7 @@ class Members:
         if parent is not None and parent.role.vital:
             # Polled, not waited for: the parent may be the kernel's child, whose exit status
             # is ipyparallel's thread's to collect (see `exit_status`).
-            deadline = time.monotonic() + _SETTLE_S
+            deadline = time.monotonic() + _settle_s()
             while self._up(parent) and time.monotonic() < deadline:
                 time.sleep(0.01)
             if not self._up(parent):
