@@ -47,6 +47,10 @@ def test_plain_torchrun_opted_in_is_attached_and_ends_as_usual(tmp_path: Path) -
         j.detach()
         ready.touch()
         assert set(jb.finals()) == {0, 1}
-        assert (jb.folder / "ended").read_text() == "0"
+        # torch's own teardown sometimes aborts a gloo worker after its script ended ("terminate
+        # called without an active exception"; bench_attach sees it in jobs without the agent
+        # too): torchrun then ends with 1, as the run folder says
+        status, log = (jb.folder / "ended").read_text(), jb.log.read_text()
+        assert status == "0" or "terminate called without an active exception" in log, log
         with pytest.raises(SessionError, match="has ended"):
             distnb.attach(str(jb.folder))

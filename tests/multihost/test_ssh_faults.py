@@ -96,6 +96,7 @@ def test_a_stop_with_a_host_cut_off_is_bounded_and_says_so(
     ip.run_line_magic("load_ext", "distnb")
     magics = next(m for m in ip.magics_manager.registry.values() if isinstance(m, DistMagics))
     magics.session = s
+    capsys.readouterr()  # what loading said (once loaded by an earlier test: "already loaded")
     h2.link(up=False)
     try:
         started = time.monotonic()

@@ -114,6 +114,11 @@ class Members:
         self._oom = OomBaseline(list(pids))
 
     def _add(self, proc: psutil.Process, role: Role, parent: int) -> None:
+        known = self._members.get(proc.pid)
+        if known is not None and known.role is Role.LAUNCHER and role is Role.ENGINE:
+            # looked at between its fork and its exec (the parent's command line): it is an
+            # engine, as it now shows
+            self._members[proc.pid] = Member(proc.pid, role, parent)
         if proc.pid not in self._procs:
             self._procs[proc.pid] = proc
             self._members[proc.pid] = Member(proc.pid, role, parent)
