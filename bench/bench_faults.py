@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from median_ci import median_ci, ratio_of_medians
 from results import saved
+from torchrun_timed import torchrun_seconds
 
 import distnb
 from distnb.errors import CollectiveDesyncError, RankDiedError, RankTimeoutError, SessionError
@@ -357,18 +358,9 @@ def run_script(b: Bench) -> float:
 
 
 def under_torchrun(b: Bench) -> float:
-    command = [str(Path(sys.executable).parent / "torchrun"), "--standalone"]
-    command += ["--nproc-per-node", "2", str(b.script), "--steps", "4"]
-    for _ in range(3):
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        took = time.perf_counter() - started
-        if done.returncode == 0:
-            assert "weights" in done.stdout, done.stdout
-            return took
-        assert "terminate called without an active exception" in done.stderr, done.stderr
-        b.reruns += 1
-    raise AssertionError(f"torchrun failed 3 times:\n{done.stderr[-3000:]}")
+    took, lost = torchrun_seconds(b.script)
+    b.reruns += lost
+    return took
 
 
 TRIALS = (

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import io
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from bench_faults import SCRIPT
 from median_ci import median_ci, ratio_of_medians
 from results import saved
+from torchrun_timed import torchrun_seconds
 
 import distnb
 from tests.session.thirdparty import script_path
@@ -125,19 +125,9 @@ def library(b: Bench) -> None:
 
 
 def torchrun(b: Bench) -> None:
-    command = [str(Path(sys.executable).parent / "torchrun"), "--standalone"]
-    command += ["--nproc-per-node", "2", str(b.script), "--steps", "4"]
-    for _ in range(3):
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        took = time.perf_counter() - started
-        if done.returncode == 0:
-            assert "weights" in done.stdout, done.stdout
-            b.times["torchrun"].append(took)
-            return
-        assert "terminate called without an active exception" in done.stderr, done.stderr
-        b.reruns += 1
-    raise AssertionError(f"torchrun failed 3 times:\n{done.stderr[-3000:]}")
+    took, lost = torchrun_seconds(b.script)
+    b.times["torchrun"].append(took)
+    b.reruns += lost
 
 
 TRIALS = (fresh, plain, torchrun, empty, control, library)

@@ -214,3 +214,13 @@ class Frontend:
 def frontend(cwd: str | None = None) -> Iterator[Frontend]:
     with kernel(cwd) as (km, kc):
         yield Frontend(km, kc)
+
+
+@contextmanager
+def with_ranks(n: int = 2, timeout: float = 180) -> Iterator[Frontend]:
+    """A frontend on a kernel with distnb loaded and `n` ranks started; stopped after."""
+    with frontend() as fe:
+        reply = fe.run(f"%load_ext distnb\n%dist_start -n {n}", timeout=timeout)
+        assert reply.status == "ok", reply.text
+        yield fe
+        fe.run("%dist_stop", timeout=60)

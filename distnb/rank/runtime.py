@@ -198,14 +198,10 @@ def overflow_reports() -> dict[str, RankOverflowReport]:
 
 def _lookup(path: str) -> Any:
     """`model` or `model.encoder` from the rank's namespace, or a NameError saying what is there."""
-    ns = shell.namespace()
-    head, *rest = path.split(".")
-    if head not in ns:
-        raise NameError(f"this rank has no {head!r}; define it in an %%allranks cell first")
-    obj = ns[head]
-    for part in rest:
-        obj = getattr(obj, part)
-    return obj
+    from distnb.rank.scan import resolve
+
+    missing = "this rank has no {name!r}; define it in an %%allranks cell first"
+    return resolve(shell.namespace(), path, missing)
 
 
 def last_mismatch() -> Mismatch | None:

@@ -19,13 +19,14 @@ import math
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from distnb.records.shapes import Entry, ModuleMeta, ShapeScan, TensorMeta
 
-__all__ = ["nonfinite_flags", "scan_namespace"]
+__all__ = ["nonfinite_flags", "resolve", "scan_namespace"]
 
 # IPython's own names: `Out` keeps every displayed result alive and would list old tensors.
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
@@ -338,3 +339,15 @@ def _own_device() -> str:
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
+
+
+def resolve(names: Mapping[str, Any], path: str, missing: str) -> Any:
+    """`model` or `model.encoder` among `names`, or a NameError of `missing` (its `{name}`:
+    the first part of the path)."""
+    head, *rest = path.split(".")
+    if head not in names:
+        raise NameError(missing.format(name=head))
+    obj = names[head]
+    for part in rest:
+        obj = getattr(obj, part)
+    return obj

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernel_driver import Frontend, Reply, frontend
+from tests.kernel_driver import Frontend, Reply, with_ranks
 
 pytestmark = pytest.mark.cluster
 
@@ -24,11 +24,8 @@ CELL = re.compile(r"cell In\[(\d+)\]")
 
 @pytest.fixture(scope="module")
 def fe() -> Iterator[Frontend]:
-    with frontend() as fe:
-        reply = fe.run("%load_ext distnb\n%dist_start -n 2")
-        assert reply.status == "ok", reply.text
+    with with_ranks() as fe:
         yield fe
-        fe.run("%dist_stop")
 
 
 def cell_number(reply: Reply) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel_driver import Frontend, frontend
+from tests.kernel_driver import Frontend, with_ranks
 from tests.session.test_debug_transcript import in_order
 
 pytestmark = pytest.mark.cluster
@@ -16,11 +16,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def fe() -> Iterator[Frontend]:
-    with frontend() as fe:
-        reply = fe.run("%load_ext distnb\n%dist_start -n 4", timeout=240)
-        assert reply.status == "ok", reply.text
+    with with_ranks(4, timeout=240) as fe:
         yield fe
-        fe.run("%dist_stop", timeout=60)
 
 
 def test_a_command_to_a_mesh_slice_a_list_and_every_rank(fe: Frontend) -> None:

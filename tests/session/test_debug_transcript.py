@@ -12,18 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel_driver import Frontend, frontend
+from tests.kernel_driver import Frontend, with_ranks
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def fe() -> Iterator[Frontend]:
-    with frontend() as fe:
-        reply = fe.run("%load_ext distnb\n%dist_start -n 2")
-        assert reply.status == "ok", reply.text
+    with with_ranks() as fe:
         yield fe
-        fe.run("%dist_stop")
 
 
 def in_order(text: str, *parts: str) -> None:

@@ -51,13 +51,9 @@ def call(request: Mapping[str, Any], names: Mapping[str, Any], rank: int) -> Any
 
 def lookup(names: Mapping[str, Any], path: str) -> Any:
     """`model` or `model.encoder` as the stopped frame sees it, or a NameError saying so."""
-    head, *rest = path.split(".")
-    if head not in names:
-        raise NameError(f"the stopped frame has no {head!r}")
-    obj = names[head]
-    for part in rest:
-        obj = getattr(obj, part)
-    return obj
+    from distnb.rank.scan import resolve
+
+    return resolve(names, path, "the stopped frame has no {name!r}")
 
 
 def unwatch() -> None:
