@@ -3,10 +3,13 @@
 Off loopback anyone who reaches the control plane's port can overwrite any key
 (`distnb.rank.signed`). A peer, or the kernel, that waits for a key this rank wrote once (its host
 identity, a fingerprint slot, its beacon, a request for input, a stack) would then read a forged
-value for ever. So this rank keeps the last value of each such key (`keep`), and a thread of its
-own (`Reposter`) posts a key again when a reader asks (`keys.repost(rank)`, whose value names
-the key): a thread, because the rank's main thread may be inside a collective or a long cell
-when the reader asks.
+value for ever. So this rank keeps the last value of each such key, before it posts it
+(`post`), and a thread of its own (`Reposter`) posts a key again when a reader asks
+(`keys.repost(rank)`, whose value names the key): a thread, because the rank's main thread may
+be inside a collective or a long cell when the reader asks. It posts again only over a forged
+value or none, in one step on the server (`SignedStore.restore`): a request served late must
+not put an older copy over the newer value this rank posted meanwhile (its readers, finding a
+valid value of an older stamp, would wait for ever without asking again).
 
 A reader that finds forged values (`SignedStore.take_forged`) calls `ask_again`, which asks
 each key's writer (`keys.owner`, or the ring's rank on a board registered with `board_owners`)
@@ -29,7 +32,15 @@ from typing import Any
 from distnb import keys
 from distnb.rank.signed import ForgedValueError, forged_message
 
-__all__ = ["ASK_EVERY_S", "Reposter", "ask_again", "board_owners", "drop", "keep", "writer_of"]
+__all__ = [
+    "ASK_EVERY_S",
+    "Reposter",
+    "ask_again",
+    "board_owners",
+    "drop",
+    "post",
+    "writer_of",
+]
 
 ASK_EVERY_S = 0.5  # a reader asks again this often while a value stays forged
 _TELL_EVERY_S = 30.0  # a reader says so once per key in this long
@@ -42,9 +53,11 @@ _told: dict[str, float] = {}  # key -> when a reader last said it was forged
 _me = ["this rank"]  # who reads, in messages: "rank 3" once a `Reposter` runs here
 
 
-def keep(key: str, value: bytes | str) -> None:
-    """`value` is what this rank posted under `key` last: post it again if asked."""
+def post(store: Any, key: str, value: bytes | str) -> None:
+    """Post `value` under `key` in `store`, kept first: a reader's request that comes between
+    the two is served with this value, not the one before it."""
     _kept[key] = value
+    store.set(key, value)
 
 
 def drop(key: str) -> None:
@@ -146,5 +159,5 @@ class Reposter:
             return False
         value = _kept.get(wanted)
         if value is not None:
-            store.set(wanted, value)
+            store.restore(wanted, value)  # not over a valid (newer) value: see the module
         return True

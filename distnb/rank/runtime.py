@@ -130,8 +130,7 @@ def _post_endpoint(spec: RankSpec, store: dist.Store) -> str:
     address = route[1] if route else ""
     ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
     where = {"host": socket.gethostname(), "ifname": ifname, "address": address}
-    store.set(keys.endpoint(spec.rank), json.dumps(where))
-    posts.keep(keys.endpoint(spec.rank), json.dumps(where))
+    posts.post(store, keys.endpoint(spec.rank), json.dumps(where))
     return address
 
 

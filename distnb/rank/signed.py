@@ -119,6 +119,16 @@ class SignedStore(dist.Store):
             return "absent"
         return "valid" if self._checked(key, self._inner.get(key)) is not None else "forged"
 
+    def restore(self, key: str, value: str | bytes) -> bool:
+        """Post `value` under `key` only where the key holds a forged value or none, in one
+        step on the server (`compare_set`), so that a valid value posted meanwhile (the
+        writer's newer one) is never replaced by this older copy. Whether it was posted."""
+        raw = self._inner.get(key) if self._inner.check([key]) else b""
+        if raw and self._opened(key, raw) is not None:
+            return False
+        sealed = self._sealed(key, value)
+        return bytes(self._inner.compare_set(key, cast(str, raw), cast(str, sealed))) == sealed
+
     def take_forged(self) -> list[str]:
         """The keys seen holding a forged value since the last call."""
         found = sorted(self.forged)

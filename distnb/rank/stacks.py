@@ -101,7 +101,6 @@ class StackServer:
             if asked == self.STOP.encode():
                 return
             reply, stack = keys.stack_reply(rank, self._next), main_stack()
-            store.set(reply, stack)
             posts.drop(keys.stack_reply(rank, self._next - 1))  # the kernel asks for the last
-            posts.keep(reply, stack)
+            posts.post(store, reply, stack)
             self._next += 1

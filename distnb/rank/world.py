@@ -161,9 +161,8 @@ def _device_text(device_id: torch.device | int | None, own: torch.device) -> str
 def _gather_at(store: dist.Store, epoch: int, rank: int, world_size: int) -> None:
     """Wait until every rank has arrived at re-making the group for `epoch` (an arrival a
     stranger overwrote is asked for again from its rank: `distnb.rank.posts`)."""
-    store.set(keys.group_arrival(epoch, rank), "1")
     posts.drop(keys.group_arrival(epoch - 1, rank))  # every rank has made that group
-    posts.keep(keys.group_arrival(epoch, rank), "1")
+    posts.post(store, keys.group_arrival(epoch, rank), "1")
     names = [keys.group_arrival(epoch, r) for r in range(world_size)]
     pause = 0.001
     while not store.check(names):

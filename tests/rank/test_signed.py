@@ -29,6 +29,7 @@ def server() -> Iterator[dist.TCPStore]:
     )
     yield store
     posts._kept.clear()
+    posts._asked.clear()
 
 
 def client(server: dist.TCPStore, timeout_s: float = 30.0) -> SignedStore:
@@ -124,8 +125,7 @@ def test_a_stranger_s_request_to_post_again_is_not_obeyed(server: dist.TCPStore)
     reposter = posts.Reposter(0, lambda: client(server))
     reposter.start()
     try:
-        writer.set(keys.host(0), "mine")
-        posts.keep(keys.host(0), "mine")
+        posts.post(writer, keys.host(0), "mine")
         forge(server, keys.repost(0))  # not signed: passed over
         time.sleep(0.2)
         assert reposter._thread.is_alive()
@@ -138,3 +138,35 @@ def test_a_stranger_s_request_to_post_again_is_not_obeyed(server: dist.TCPStore)
     finally:
         reposter.stop(writer)
     assert not reposter._thread.is_alive()
+
+
+def test_a_request_served_late_never_puts_an_older_copy_over_a_newer_value(
+    server: dist.TCPStore,
+) -> None:
+    """The writer went on (a newer stamp in the same slot) after a reader asked for the slot it
+    had found forged: the re-post must leave the newer value, or the reader of the newer stamp
+    would find a valid older one and wait for ever without asking again."""
+    writer, reader = client(server), client(server)
+    board = StoreBoard(writer, keys.board("3", "c-0"), 2, owners=(0, 1))
+    board.post(1, 1, b"F-one")  # kept
+    forge(server, board.key(1, 1))
+    newer = b"\x03" + bytes(7) + b"F-three"  # stamp 3, same slot, landed before it was kept
+    writer.set(board.key(1, 3), newer)
+    reposter = posts.Reposter(1, lambda: client(server))
+    reposter.start()
+    try:
+        posts.ask_again(reader, [board.key(1, 1)], "rank 0")  # the late request
+        deadline = time.monotonic() + BOUND_S
+        while server.check([f"{PREFIX}/{keys.repost(1)}"]) and time.monotonic() < deadline:
+            time.sleep(0.01)  # taken: the re-post thread is serving it
+        posts.post(writer, keys.host(1), "mine")
+        forge(server, keys.host(1))
+        posts.ask_again(reader, [keys.host(1)], "rank 0")  # served after the one before it
+        deadline = time.monotonic() + BOUND_S
+        while not reader.check([keys.host(1)]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader.get(keys.host(1)) == b"mine"
+        assert reader.get(board.key(1, 3)) == newer
+        assert StoreBoard(reader, keys.board("3", "c-0"), 2).read(1, 3) == b"F-three"
+    finally:
+        reposter.stop(writer)

@@ -87,8 +87,7 @@ class Checker(Groups):
         self.verdicts: dict[tuple[Any, ...], bool] = {}
         if self.hosts is None:
             identity = host_identity(rank)
-            store.set(keys.host(rank), identity)
-            posts.keep(keys.host(rank), identity)  # a peer that reads it forged asks again
+            posts.post(store, keys.host(rank), identity)  # a peer that reads it forged asks again
 
     @property
     def run_id(self) -> int | None:

@@ -143,8 +143,7 @@ class WaitMonitor:
         """Tell the kernel where this rank is (on long waits only: it costs a round trip)."""
         # if the control plane is gone, nobody is left to read the beacon
         with contextlib.suppress(RuntimeError):
-            self.store.set(keys.beacon(self.rank), beacon.to_json())
-            posts.keep(keys.beacon(self.rank), beacon.to_json())  # asked again if forged
+            posts.post(self.store, keys.beacon(self.rank), beacon.to_json())  # asked for if forged
 
     def _waiting(self, wait: Wait, missing: Sequence[int]) -> Beacon:
         mine = self._mine = wait.fingerprint() if wait.fingerprint else None

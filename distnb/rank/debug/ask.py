@@ -93,8 +93,7 @@ class Asker:
         # kept, so that the kernel can ask for them again if a stranger overwrote them
         count = str(self._asked)
         for key, value in ((keys.ask(n), request.to_json()), (keys.ask_count(self.rank), count)):
-            self.store.set(key, value)
-            posts.keep(key, value)
+            posts.post(self.store, key, value)
         try:
             with stopped():
                 answer = self._wait(keys.answer(n))
@@ -127,8 +126,7 @@ class Asker:
 
     def _beacon(self, state: BeaconState, site: CallSite | None) -> None:
         beacon = Beacon(self.rank, state, self.run_id, site=site)
-        self.store.set(keys.beacon(self.rank), beacon.to_json())
-        posts.keep(keys.beacon(self.rank), beacon.to_json())
+        posts.post(self.store, keys.beacon(self.rank), beacon.to_json())
 
 
 def _written(stream: Any) -> int:

@@ -52,10 +52,7 @@ class StoreBoard:
         return keys.slot(self.prefix, ring, stamp % self.depth)
 
     def post(self, ring: int, stamp: int, payload: bytes) -> None:
-        key, value = self.key(ring, stamp), _WIRE_STAMP.pack(stamp) + payload
-        self.store.set(key, _raw(value))
-        if self.signed is not None:
-            posts.keep(key, value)
+        self._set(self.key(ring, stamp), _WIRE_STAMP.pack(stamp) + payload)
 
     def read(self, ring: int, stamp: int) -> bytes | None:
         return self.read_many([ring], stamp)[0]
@@ -101,10 +98,13 @@ class StoreBoard:
         pass
 
     def retract(self, ring: int, stamp: int) -> None:
-        key, value = self.key(ring, stamp), _WIRE_STAMP.pack(0)
-        self.store.set(key, _raw(value))
+        self._set(self.key(ring, stamp), _WIRE_STAMP.pack(0))
+
+    def _set(self, key: str, value: bytes) -> None:
         if self.signed is not None:
-            posts.keep(key, value)
+            posts.post(self.store, key, value)  # kept first: asked for again if forged
+        else:
+            self.store.set(key, _raw(value))
 
     def forget(self) -> None:
         pass  # store keys are reused, not created per exchange
