@@ -294,7 +294,10 @@ class Session:
         __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
         assert self._cluster is not None and self._control is not None
         run = CellRun(self._cluster, self._control, request, self.referee, self._on_death)
-        return run.start().wait()
+        try:
+            return run.start().wait()
+        finally:
+            self._cluster.forget(run.results.values())
 
     def debugs(self, error: BaseException | None) -> bool:
         """Whether `debug()` can open `error`'s ranks (it is the last run's, and it failed)."""
@@ -325,6 +328,7 @@ class Session:
                 results.append(ar.get(timeout=timeout))
             except Exception as exc:
                 failures.append(failing.to_failure(info.rank, exc))
+        self._cluster.forget(pending)
         if failures:
             raise failing.call_error(getattr(fn, "__name__", "function"), failures)
         return results

@@ -108,4 +108,5 @@ def _probe(session: SessionSurface, ranks: list[RankInfo]) -> dict[int, RankReso
             found[rank] = ar.get(timeout=max(0.0, deadline - time.monotonic()))
         except Exception:  # a dead engine, a timeout: the row says "no answer"
             continue
+    cluster.forget(ar for _, ar in pending)
     return found

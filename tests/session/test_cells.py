@@ -136,3 +136,18 @@ def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
     capsys.readouterr()
     session.run("print('still here', rank)")
     assert "[rank 0] still here 0" in capsys.readouterr().out
+
+
+def test_cells_leave_nothing_behind_in_the_kernel_s_client(session: Session) -> None:
+    """ipyparallel clears a request's reply and output, but keeps its id in the client's
+    history for ever; distnb drops the ids of its finished requests (cells, calls, probes),
+    so a long session does not grow per cell there."""
+    client = session.cluster.client
+    session.run("x = 1")
+    before = len(client.history)
+    for _ in range(5):
+        session.run("print(rank)")
+        session.call(abs, -1)
+    session.status()
+    assert len(client.history) == before
+    assert not client.results and not client.outstanding

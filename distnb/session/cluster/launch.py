@@ -18,7 +18,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,15 @@ class Cluster:
         if view is None:
             view = self._views[engine_id] = self.client[engine_id]
         return view
+
+    def forget(self, results: Iterable[Any]) -> None:
+        """Drop finished requests' ids from the client's history: ipyparallel clears its
+        caches of a request's reply and output once both arrived, but keeps every msg_id in
+        `client.history` for the client's life (and looks a stray reply up in it, a list).
+        Requests still running are kept."""
+        done = {mid for ar in results if ar.done() for mid in ar.msg_ids}
+        if done and self.client is not None:
+            self.client.history = [m for m in self.client.history if m not in done]
 
     def launch(self) -> None:
         """Start the controller and the engines, without waiting for them."""
