@@ -38,7 +38,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from distnb.ranklist import format_ranks
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.cell import RankFailure, RankReport
 
 if TYPE_CHECKING:
@@ -181,11 +181,19 @@ class RankTimeoutError(RankError):
         self.reports = tuple(reports)
 
     def _render_traceback_(self) -> list[str]:
+        """A line per rank and its stack; from `GROUP_FROM` ranks on, ranks in the same state
+        at the same place with the same stack share one (`[ranks 0-15,17-31] running: waiting
+        at all_reduce #3 ...`), so the rank that holds the others up stands apart."""
         lines = [f"{type(self).__name__}: {self.message}"]
-        for report in self.reports:
-            detail = f": {report.detail}" if report.detail else ""
-            lines.append(f"[rank {report.rank}] {report.state.value}{detail}")
-            lines.extend("    " + line for line in report.stack.rstrip("\n").splitlines())
+        said = [(r.rank, (r.state.value, r.detail, r.stack)) for r in self.reports]
+        if len(said) < GROUP_FROM:
+            groups = [([rank], what) for rank, what in said]
+        else:
+            groups = same_ranks(said)
+        for ranks, (state, detail, stack) in groups:
+            label = format_ranks(ranks)
+            lines.append(f"[{label}] {state}{f': {detail}' if detail else ''}")
+            lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
         return lines
 
 

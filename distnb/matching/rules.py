@@ -6,8 +6,16 @@ from collections.abc import Callable, Sequence
 
 from distnb.matching.shapes import shape_rule
 from distnb.matching.verdict import Found, Rule
-from distnb.matching.words import ROOTED, canonical_op, group_name, odd_ones, rows, short_list
-from distnb.ranklist import format_ranks
+from distnb.matching.words import (
+    ROOTED,
+    canonical_op,
+    group_name,
+    odd_ones,
+    per_rank,
+    rows,
+    short_list,
+)
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.collective import Fingerprint, MatchKind, TensorSpec
 
 
@@ -16,7 +24,7 @@ def _group_rule(fps: Sequence[Fingerprint]) -> Found | None:
     if len(labels) == 1:
         return None
     odd = odd_ones({f.rank: (f.group, f.group_ranks) for f in fps})
-    names = ", ".join(f"rank {f.rank} on {group_name(f)}" for f in fps)
+    names = per_rank({f.rank: group_name(f) for f in fps}, " on ")
     return MatchKind.GROUP, f"the ranks call it on different groups ({names})", odd
 
 
@@ -24,7 +32,11 @@ def _op_rule(fps: Sequence[Fingerprint]) -> Found | None:
     ops = {f.rank: canonical_op(f.op) for f in fps}
     if len(set(ops.values())) == 1:
         return None
-    calls = ", ".join(f"rank {f.rank} calls {f.op}" for f in fps)
+    said = [(f.rank, f.op) for f in fps]
+    groups = same_ranks(said) if len(fps) >= GROUP_FROM else [([r], op) for r, op in said]
+    calls = ", ".join(
+        f"{format_ranks(ranks)} call{'s' if len(ranks) == 1 else ''} {op}" for ranks, op in groups
+    )
     return MatchKind.COLLECTIVE_TYPE, calls, odd_ones(ops)
 
 
@@ -67,7 +79,7 @@ def _count_rule(fps: Sequence[Fingerprint]) -> Found | None:
     if op == "broadcast_object_list":
         counts = {f.rank: f.count for f in fps}
         if len(set(counts.values())) > 1:
-            lens = ", ".join(f"rank {r}: {c}" for r, c in counts.items())
+            lens = per_rank({r: str(c) for r, c in counts.items()})
             return MatchKind.COUNT, f"object_list lengths differ ({lens})", odd_ones(counts)
     elif op == "all_gather_object":
         short = tuple(f.rank for f in fps if f.count is not None and f.count < world)
@@ -94,7 +106,7 @@ def _root_rule(fps: Sequence[Fingerprint]) -> Found | None:
     if len(set(roots.values())) == 1:
         return None
     arg = ROOTED[op]
-    found = ", ".join(f"rank {r}: {arg}={v}" for r, v in roots.items())
+    found = per_rank({r: f"{arg}={v}" for r, v in roots.items()})
     return MatchKind.ROOT, f"the ranks name different roots ({found})", odd_ones(roots)
 
 
@@ -102,7 +114,7 @@ def _reduce_op_rule(fps: Sequence[Fingerprint]) -> Found | None:
     ops = {f.rank: f.reduce_op for f in fps}
     if len(set(ops.values())) == 1:
         return None
-    found = ", ".join(f"rank {r}: op={v}" for r, v in ops.items())
+    found = per_rank({r: f"op={v}" for r, v in ops.items()})
     return MatchKind.REDUCE_OP, f"the ranks reduce with different ops ({found})", odd_ones(ops)
 
 
@@ -117,12 +129,12 @@ def _dtype_rule(fps: Sequence[Fingerprint]) -> Found | None:
 def _spec_attr_rule(
     fps: Sequence[Fingerprint], kind: MatchKind, attr: Callable[[TensorSpec], str]
 ) -> Found | None:
-    per_rank = {f.rank: tuple(sorted({attr(s) for s in (*f.inputs, *f.outputs)})) for f in fps}
-    values = {v for vs in per_rank.values() for v in vs}
+    held = {f.rank: tuple(sorted({attr(s) for s in (*f.inputs, *f.outputs)})) for f in fps}
+    values = {v for vs in held.values() for v in vs}
     if len(values) <= 1:
         return None
-    found = ", ".join(f"rank {r}: {'/'.join(v) or '-'}" for r, v in per_rank.items())
-    odd = odd_ones({r: v for r, v in per_rank.items() if v})
+    found = per_rank({r: "/".join(v) or "-" for r, v in held.items()})
+    odd = odd_ones({r: v for r, v in held.items() if v})
     return kind, f"tensors of different {kind.value}s ({found})", odd
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from distnb.matching.verdict import Found
-from distnb.matching.words import canonical_op, first_spec, odd_ones, shape
+from distnb.matching.words import canonical_op, first_spec, odd_ones, per_rank, shape
 from distnb.ranklist import format_ranks
 from distnb.records.collective import Fingerprint, MatchKind
 
@@ -19,7 +19,7 @@ def _same_input_shape(fps: Sequence[Fingerprint]) -> Found | None:
     shapes = {f.rank: f.inputs[0].shape if f.inputs else None for f in fps}
     if len(set(shapes.values())) == 1:
         return None
-    found = ", ".join(f"rank {r}: {shape(s)}" for r, s in shapes.items())
+    found = per_rank({r: shape(s) for r, s in shapes.items()})
     return MatchKind.SHAPE, f"the tensors differ in shape ({found})", odd_ones(shapes)
 
 
@@ -80,7 +80,7 @@ def _flat(fps: Sequence[Fingerprint], big: str) -> Found | None:
     small = "input" if big == "output" else "output"
     smalls = {f.rank: first_spec(f, small).shape for f in fps}
     if len(set(smalls.values())) > 1:
-        found = ", ".join(f"rank {r}: {shape(s)}" for r, s in smalls.items())
+        found = per_rank({r: shape(s) for r, s in smalls.items()})
         return MatchKind.SHAPE, f"the {small} tensors differ in shape ({found})", odd_ones(smalls)
     for f in fps:
         b, s = first_spec(f, big), first_spec(f, small)
@@ -118,7 +118,7 @@ def _all_to_all_single(fps: Sequence[Fingerprint]) -> Found | None:
     trailing = {s for pair in rows.values() for s in pair}
     if len(trailing) <= 1:
         return None
-    found = ", ".join(f"rank {r}: in {shape(i)} out {shape(o)}" for r, (i, o) in rows.items())
+    found = per_rank({r: f"in {shape(i)} out {shape(o)}" for r, (i, o) in rows.items()})
     return MatchKind.SHAPE, f"rows differ in shape ({found})", odd_ones(rows)
 
 

@@ -1,10 +1,13 @@
-"""Building a `Mismatch`: the message every rank raises, one line per rank."""
+"""Building a `Mismatch`: the message every rank raises, one line per rank; from `GROUP_FROM`
+ranks on, one line per call (`ranks 0-15,17-31: all_reduce(float32[8]) at ...`), so the odd
+one out reads as a line of its own instead of one among 32."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from distnb.matching.words import canonical_op, describe, group_name
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.collective import Fingerprint, MatchKind, Mismatch
 
 SKIP_HINT = (
@@ -47,10 +50,7 @@ def verdict(
     calls = [describe(f) for f in fps]
     if len(origins) > 1 or deadlocked:
         calls = [f"{c} [{f.origin}]" if f.origin else c for f, c in zip(fps, calls, strict=True)]
-    width = max(len(c) for c in calls)
-    for f, call in zip(fps, calls, strict=True):
-        code = f": {f.site.code}" if f.site.code else ""
-        lines.append(f"  rank {f.rank}: {call.ljust(width)}  at {f.site}{code}")
+    lines += rank_lines(fps, calls)
     if hint:
         lines.append(f"hint: {hint}")
     if canonical_op(first.op) in ("send", "recv") and not deadlocked:
@@ -71,3 +71,21 @@ def verdict(
         ranks=tuple(sorted(set(ranks))) or tuple(f.rank for f in fps),
         hint=hint,
     )
+
+
+def rank_lines(fps: Sequence[Fingerprint], calls: Sequence[str]) -> list[str]:
+    """`  rank 1: all_reduce(float32[8], op=SUM)  at cell In[3] line 2: ...`, a line per rank,
+    or per group of ranks that made the same call at the same place."""
+    said = [
+        (f.rank, (call, f"{f.site}: {f.site.code}" if f.site.code else str(f.site)))
+        for f, call in zip(fps, calls, strict=True)
+    ]
+    grouped = len(fps) >= GROUP_FROM
+    groups = same_ranks(said) if grouped else [([rank], what) for rank, what in said]
+    heads = [f"{format_ranks(ranks)}:" for ranks, _ in groups]
+    pad = max(map(len, heads)) if grouped else 0  # grouped labels vary in length: align calls
+    width = max(len(call) for _, (call, _) in groups)
+    return [
+        f"  {head.ljust(pad)} {call.ljust(width)}  at {site}"
+        for head, (_, (call, site)) in zip(heads, groups, strict=True)
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 
-from distnb.ranklist import format_ranks
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.collective import Fingerprint, TensorSpec
 
 # Names of one underlying op; torch 2.13 deprecates the left-hand names for the right-hand ones.
@@ -63,6 +63,14 @@ def describe(fp: Fingerprint) -> str:
     return f"{op}({', '.join(a for a in args if a)})"
 
 
+def per_rank(values: Mapping[int, str], sep: str = ": ") -> str:
+    """`rank 0: [8], rank 1: [4]`; from `GROUP_FROM` ranks on, ranks with the same value share
+    one part (`ranks 0-15,17-31: [8], rank 16: [4]`), so 32 ranks do not make 32 parts."""
+    said = list(values.items())
+    groups = same_ranks(said) if len(said) >= GROUP_FROM else [([r], v) for r, v in said]
+    return ", ".join(f"{format_ranks(ranks)}{sep}{value}" for ranks, value in groups)
+
+
 def rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
@@ -92,7 +100,7 @@ def odd_ones(values: Mapping[int, Hashable]) -> tuple[int, ...]:
 
 def short_list(name: str, ranks: Sequence[int], fps: Sequence[Fingerprint], world: int) -> str:
     counts = {f.rank: f.count for f in fps}
-    found = ", ".join(f"rank {r}: {counts[r]}" for r in ranks)
+    found = per_rank({r: str(counts[r]) for r in ranks})
     return f"{name} needs {world} entries for {world} ranks ({found})"
 
 

@@ -5,6 +5,8 @@ wants is what differs. `group_rows` keeps the columns that identify a rank apart
 pid, device index, memory) out of the comparison and merges the ranks whose other cells agree
 into one row: `0-7` in the rank column, `8 pids`, `cuda:0-7`, `1.1-1.3 GiB`. Hosts are a
 column like any other, so each host gets its own rows, and a rank that differs stands alone.
+The grouping itself (`same_ranks`) and `GROUP_FROM` live in `distnb.ranklist`, which messages
+built outside the views (mismatches, hang reports) use too.
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from distnb.ranklist import format_ranks
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 
 __all__ = ["GROUP_FROM", "group_rows", "span"]
-
-GROUP_FROM = 9  # tables of this many ranks or more are grouped (8 rows still read at a glance)
 
 _INDEXED = re.compile(r"^(.*?)(\d+)$")
 
@@ -46,12 +46,12 @@ def group_rows(
     `apart` merge: column 0 becomes the ranks (`0-7`), each column in `apart` one cell:
     `cell(column, row indexes)` if it gives one, else `span` of the values. Groups keep the
     order of their first rank."""
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for i, row in enumerate(rows):
-        key = tuple(v for c, v in enumerate(row) if c != 0 and c not in apart)
-        groups.setdefault(key, []).append(i)
+    keyed = (
+        (i, tuple(v for c, v in enumerate(row) if c != 0 and c not in apart))
+        for i, row in enumerate(rows)
+    )
     merged = []
-    for members in groups.values():
+    for members, _ in same_ranks(keyed):
         first = rows[members[0]]
         out = list(first)
         out[0] = format_ranks(ranks[i] for i in members).split(" ", 1)[1]

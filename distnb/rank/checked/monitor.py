@@ -29,6 +29,7 @@ from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
 from distnb.rank import posts
 from distnb.rank.checked import callsite
 from distnb.rank.signed import take_forged
+from distnb.ranklist import GROUP_FROM, format_ranks
 from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.collective import CallSite, Fingerprint, Mismatch
 
@@ -172,10 +173,12 @@ class WaitMonitor:
         if not self.store.check([key]):
             return
         reason = self.store.get(key).decode(errors="replace")
-        who = ", ".join(map(str, missing))
+        who = "rank(s) " + ", ".join(map(str, missing))
+        if len(wait.ranks) >= GROUP_FROM:  # 31 ranks one by one would fill the line
+            who = format_ranks(missing)
         message = (
             f"{reason}\n  rank {self.rank} was waiting at {wait.op} #{wait.seq} on {wait.label} "
-            f"({wait.site}) for rank(s) {who}"
+            f"({wait.site}) for {who}"
         )
         raise CollectiveDesyncError(message)
 

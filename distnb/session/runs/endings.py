@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from distnb import errors
-from distnb.ranklist import format_ranks
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.cell import RankFailure, RankInfo, RankReport, RankState
 from distnb.session.cluster.deaths import death_report, stopped_detail, stopped_message
 from distnb.session.cluster.members import Members
@@ -23,10 +23,13 @@ def where_running(
     where: str, ranks: Sequence[int], waits: Mapping[int, str], stacks: Mapping[int, str]
 ) -> str:
     """`cell In[3] interrupted: rank 0 waiting at ...; rank 1 at cell In[3] line 5: ...`."""
-    parts = []
-    for rank in ranks:
-        said = waits.get(rank) or stacks.get(rank, "").split("\n", 1)[0] or "running"
-        parts.append(f"rank {rank} {said}")
+    said = [
+        (rank, waits.get(rank) or stacks.get(rank, "").split("\n", 1)[0] or "running")
+        for rank in ranks
+    ]
+    # from GROUP_FROM ranks on, ranks that were at the same place share one part
+    groups = same_ranks(said) if len(said) >= GROUP_FROM else [([r], w) for r, w in said]
+    parts = [f"{format_ranks(group)} {words}" for group, words in groups]
     return f"{where} interrupted: " + "; ".join(parts)
 
 

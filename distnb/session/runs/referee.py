@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from distnb.ranklist import format_ranks
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.beacon import Beacon
 from distnb.records.cell import RankState
 from distnb.records.collective import CollectiveEvent
@@ -39,7 +39,11 @@ def desync_reason(done: Mapping[int, str], waiters: Sequence[Beacon]) -> str:
     """The sentence every waiter raises with: who is done, and what the others wait at."""
     first = waiters[0]
     where = f" at {first.site}" if first.site is not None else ""
-    absent = ", ".join(f"{format_ranks([r])} {what}" for r, what in sorted(done.items()))
+    ended = sorted(done.items())
+    if len(done) + len(waiters) >= GROUP_FROM:  # ranks that ended alike: one part
+        absent = ", ".join(f"{format_ranks(rs)} {what}" for rs, what in same_ranks(ended))
+    else:
+        absent = ", ".join(f"{format_ranks([r])} {what}" for r, what in ended)
     waiting = format_ranks(w.rank for w in waiters)
     origin = f" ({first.origin})" if first.origin else ""
     reason = (
@@ -137,7 +141,11 @@ def skipped_call(events: Sequence[CollectiveEvent], waiting: Sequence[Beacon] = 
                         f"rank {rank} skipped {op} #{seq} at {other} (rank {q} called it); "
                         f"rank {rank}'s #{seq} was its call at {site}"
                     )
-        sites = ", ".join(f"rank {r} at {site}" for r, (_, site) in sorted(calls.items()))
+        at_sites = [(r, site) for r, (_, site) in sorted(calls.items())]
+        if len(at_sites) >= GROUP_FROM:  # ranks at one site: one part
+            sites = ", ".join(f"{format_ranks(rs)} at {s}" for rs, s in same_ranks(at_sites))
+        else:
+            sites = ", ".join(f"rank {r} at {site}" for r, site in at_sites)
         return f"the ranks' collectives stop lining up at #{seq} on {group}: {sites}"
     return ""
 
