@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any
 
-from distnb.views.timeline.layout import WAIT_COLOR, lane_label, lanes, op_colors
+from distnb.views.timeline.layout import WAIT_COLOR, lane_index, lane_slots, lanes, op_colors
 from distnb.views.timeline.model import Timeline
 
 __all__ = ["figure"]
@@ -29,14 +29,15 @@ def figure(
     ops: Collection[str] | None = None,
     width: float = 12.0,
 ) -> Any:
-    """A `matplotlib.figure.Figure`: one lane per rank (and group), waits in grey."""
+    """A `matplotlib.figure.Figure`: one lane per rank (and group; from `GROUP_FROM` ranks on,
+    per group of ranks that agree), waits in grey."""
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure  # only views import matplotlib, and only when drawing
     from matplotlib.patches import Patch
 
     rows = lanes(tl, ranks)
     colors = op_colors(s.op for s in tl.ops)
-    bars, waits = _spans(tl, {lane: i for i, lane in enumerate(rows)}, ops)
+    bars, waits = _spans(tl, lane_index(rows), ops)
     ms = 1e-6
     fig = Figure(figsize=(width, 1.2 + 0.35 * max(len(rows), 1)), layout="constrained")
     ax = fig.add_subplot()
@@ -63,7 +64,7 @@ def figure(
             ),
             autolim=False,
         )
-    ax.set_yticks(range(len(rows)), [lane_label(tl, r, g) for r, g in rows])
+    ax.set_yticks(range(len(rows)), [lane.label for lane in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, span_ms)
     ax.set_xlabel("ms since first arrival")
@@ -87,10 +88,7 @@ def _spans(
     for c in tl.collectives:
         if ops is not None and c.op not in ops:
             continue
-        for s in c.slots:
-            y = ys.get((s.rank, c.group))
-            if y is None:
-                continue
+        for y, s in lane_slots(c, ys).items():
             wait_end = min(c.last_arrive_ns, s.start_ns)
             if wait_end > s.arrive_ns:
                 waits.append((y, (s.arrive_ns - tl.t0_ns) * ms, (wait_end - tl.t0_ns) * ms))

@@ -17,6 +17,7 @@ from distnb.views._format import (
     html_table,
     text_table,
 )
+from distnb.views.timeline.layout import rank_groups, ranks_label
 from distnb.views.timeline.model import Collective, Timeline
 
 __all__ = ["render_heading_html", "render_tables_html", "render_text"]
@@ -31,6 +32,8 @@ STRAGGLER_HEADER = [
 ]
 OP_HEADER = ["op", "count", "bytes", "total time", "algbw GB/s", "busbw GB/s", "total wait"]
 WAIT_HEADER = ["collective", "last rank", "held others", "call site of the last rank"]
+LANE_HEADER = ["lane", "ranks", "arrived last", "others' wait caused", "own wait"]
+LANES = "Lanes (ranks whose collectives agree share one; a late rank has its own)"
 STRAGGLERS = "Stragglers (arrived last; the others' wait for it)"
 NOTE_STYLE = "font-family:sans-serif;font-size:13px;margin:8px 0;color:#b3261e"
 
@@ -67,6 +70,26 @@ def straggler_rows(tl: Timeline, limit: int = STRAGGLER_LIMIT) -> list[list[str]
             ]
         )
     return rows
+
+
+def lane_rows(tl: Timeline) -> list[list[str]]:
+    """From `GROUP_FROM` ranks on, the drawing's lanes as rows: which ranks share one, and
+    what they did to the others' waiting; none below (a lane is a rank, as in the stragglers
+    table)."""
+    groups = rank_groups(tl)
+    if len(groups) == len(tl.ranks):
+        return []
+    stats = {s.rank: s for s in tl.stragglers}
+    return [
+        [
+            ranks_label(tl, ranks),
+            str(len(ranks)),
+            str(sum(stats[r].times_last for r in ranks)),
+            format_ns(sum(stats[r].wait_caused_ns for r in ranks)),
+            format_ns(sum(stats[r].own_wait_ns for r in ranks)),
+        ]
+        for ranks in groups
+    ]
 
 
 def op_rows(tl: Timeline) -> list[list[str]]:
@@ -134,6 +157,9 @@ def render_text(tl: Timeline) -> str:
     lines = [headline(tl), tl.clock_note, *[n for n in [stopped_note(tl)] if n], ""]
     if not tl.collectives:
         return "\n".join([*lines, "(no collectives recorded)"])
+    lanes = lane_rows(tl)
+    if lanes:
+        lines += [f"{LANES}:", text_table(LANE_HEADER, lanes, indent="  "), ""]
     lines += [f"{STRAGGLERS}:", text_table(STRAGGLER_HEADER, straggler_rows(tl), indent="  ")]
     lines += ["", "Per op:", text_table(OP_HEADER, op_rows(tl), indent="  ")]
     waits = wait_rows(tl)
@@ -150,7 +176,9 @@ def render_heading_html(tl: Timeline) -> str:
 
 
 def render_tables_html(tl: Timeline) -> str:
-    parts = [
+    lanes = lane_rows(tl)
+    parts = [html_block(LANES, HEADING_STYLE), html_table(LANE_HEADER, lanes)] if lanes else []
+    parts += [
         html_block(STRAGGLERS, HEADING_STYLE),
         html_table(STRAGGLER_HEADER, straggler_rows(tl)),
         html_block("Per op", HEADING_STYLE),

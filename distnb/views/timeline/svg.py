@@ -1,4 +1,5 @@
-"""Draw a `Timeline` as an inline SVG: one lane per rank (and group), one bar per collective.
+"""Draw a `Timeline` as an inline SVG: one lane per rank (and group), one bar per collective;
+from `GROUP_FROM` ranks on, one lane per group of ranks that agree (`layout.rank_groups`).
 
 Written by hand rather than through matplotlib: for 10,000 events it is several times faster,
 needs no backend, and each collective's bars share a `<title>` tooltip with its call site, which
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from distnb.ranklist import format_ranks
 from distnb.records.collective import CallSite
 from distnb.views._format import esc, format_bytes, format_ns
-from distnb.views.timeline.layout import WAIT_COLOR, lane_label, lanes, op_colors
+from distnb.views.timeline.layout import (
+    WAIT_COLOR,
+    Lane,
+    lane_index,
+    lane_slots,
+    lanes,
+    op_colors,
+)
 from distnb.views.timeline.model import Collective, Timeline
 
 __all__ = ["collective_title", "render_svg"]
@@ -68,10 +76,9 @@ def render_svg(
 ) -> str:
     """The timeline as one `<svg>` element; `selected` = (group, seq) is outlined."""
     rows = lanes(tl, ranks)
-    labels = {lane: lane_label(tl, *lane) for lane in rows}
-    frame = _frame(tl, width, left=12 + 7 * max((len(t) for t in labels.values()), default=6))
+    frame = _frame(tl, width, left=12 + 7 * max((len(lane.label) for lane in rows), default=6))
     ys = _lane_ys(rows, frame)
-    height = (max(ys.values(), default=frame.top) + frame.lane_h + 34) if rows else 60
+    height = (max(ys, default=frame.top) + frame.lane_h + 34) if rows else 60
     colors = op_colors(s.op for s in tl.ops)
     pid = f"distnb-wait-{next(_ids)}"
     parts = [
@@ -85,8 +92,8 @@ def render_svg(
         "</pattern></defs>",
     ]
     parts += _axis(tl, frame, height - 34)
-    parts += _lane_labels(labels, ys, frame)
-    parts += _bars(tl, frame, ys, colors, pid, ops, selected, set(r for r, _ in rows))
+    parts += _lane_labels(rows, ys, frame)
+    parts += _bars(tl, frame, ys, colors, pid, ops, selected, lane_index(rows))
     parts += _legend(colors, pid, frame, height - 14)
     parts.append("</svg>")
     return "".join(parts)
@@ -98,15 +105,16 @@ def _frame(tl: Timeline, width: int, left: int) -> Frame:
     return Frame(width, left, 22, 14, 6, tl.t0_ns, (width - left - right) / span)
 
 
-def _lane_ys(rows: Sequence[tuple[int, str]], f: Frame) -> dict[tuple[int, str], int]:
-    ys: dict[tuple[int, str], int] = {}
+def _lane_ys(rows: Sequence[Lane], f: Frame) -> list[int]:
+    """Each lane's top; a gap between the lanes of different ranks."""
+    ys: list[int] = []
     y, prev = f.top, None
-    for rank, group in rows:
-        if prev is not None and rank != prev:
+    for lane in rows:
+        if prev is not None and lane.ranks != prev:
             y += f.rank_gap
-        ys[(rank, group)] = y
+        ys.append(y)
         y += f.lane_h
-        prev = rank
+        prev = lane.ranks
     return ys
 
 
@@ -132,27 +140,23 @@ def _nice_step(raw: float) -> float:
     return float(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
 
 
-def _lane_labels(
-    labels: dict[tuple[int, str], str], ys: dict[tuple[int, str], int], f: Frame
-) -> list[str]:
-    out = []
-    for lane, label in labels.items():
-        out.append(
-            f'<text x="{f.left - 6}" y="{ys[lane] + f.lane_h - 3}" '
-            f'text-anchor="end" fill="#333">{esc(label)}</text>'
-        )
-    return out
+def _lane_labels(rows: Sequence[Lane], ys: Sequence[int], f: Frame) -> list[str]:
+    return [
+        f'<text x="{f.left - 6}" y="{y + f.lane_h - 3}" '
+        f'text-anchor="end" fill="#333">{esc(lane.label)}</text>'
+        for lane, y in zip(rows, ys, strict=True)
+    ]
 
 
 def _bars(
     tl: Timeline,
     f: Frame,
-    ys: dict[tuple[int, str], int],
+    ys: Sequence[int],
     colors: dict[str, str],
     pid: str,
     ops: Collection[str] | None,
     selected: tuple[str, int] | None,
-    shown: set[int],
+    index: dict[tuple[int, str], int],
 ) -> list[str]:
     """One `<g>` per collective holding its bars: one shared tooltip keeps the SVG small."""
     out: list[str] = []
@@ -163,10 +167,8 @@ def _bars(
         stroke = ' stroke="#000" stroke-width="1.5"' if selected == (c.group, c.seq) else ""
         out.append(f'<g fill="{colors[c.op]}"{stroke}><title>{esc(collective_title(c))}</title>')
         last = c.last_arrive_ns
-        for s in c.slots:
-            if s.rank not in shown:
-                continue
-            y = ys[(s.rank, c.group)] + 1
+        for lane, s in lane_slots(c, index).items():
+            y = ys[lane] + 1
             x0, x1 = f.x(s.arrive_ns), f.x(min(last, s.start_ns))
             if x1 - x0 >= 0.5:  # narrower waits are invisible; leaving them out halves the SVG
                 out.append(
