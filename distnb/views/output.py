@@ -16,17 +16,20 @@ for them. From the first prompt on, the areas keep what they show and the rest o
 printed below as it comes, as in a terminal, in the order things happened.
 
 Each line goes to the stream the rank wrote it to, in the order the rank wrote it. Rich outputs
-(`display(...)`, a cell's last expression) follow the text, labelled by rank.
+(`display(...)`, a cell's last expression) follow the text, labelled by rank; from `GROUP_FROM`
+ranks on, ranks that displayed the same things show them once (`[ranks 0-31] torch.Size([8])`).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.views.display import in_kernel
 from distnb.views.lines import Group, Line, Merger, Splitter, Write
 
@@ -216,14 +219,27 @@ def _publish_displays(outputs: Sequence[RankOutput]) -> None:
     shell = get_ipython()
     if shell is None:
         return
-    for out in outputs:
-        for content in out.displays:
+    for ranks, displays in _same_displays(outputs):
+        for content in displays:
             data = dict(content.get("data", {}))
             if "text/plain" in data:
-                data["text/plain"] = f"[rank {out.rank}] {data['text/plain']}"
+                data["text/plain"] = f"[{format_ranks(ranks)}] {data['text/plain']}"
             metadata = dict(content.get("metadata") or {})
-            metadata["rank"] = out.rank
+            metadata["rank"] = ranks[0]
+            if len(ranks) > 1:
+                metadata["ranks"] = ranks
             shell.display_pub.publish(data=data, metadata=metadata)
+
+
+def _same_displays(outputs: Sequence[RankOutput]) -> list[tuple[list[int], list[dict[str, Any]]]]:
+    """Each rank's rich outputs; from `GROUP_FROM` ranks on, ranks that displayed the same
+    things share them (32 copies of `torch.Size([8])` read as one, labelled `[ranks 0-31]`)."""
+    if len(outputs) < GROUP_FROM:
+        return [([out.rank], list(out.displays)) for out in outputs]
+    # what is shown, not the engine's own numbering (execution counts differ by engine)
+    keyed = [(o.rank, json.dumps([d.get("data") for d in o.displays], default=str)) for o in outputs]
+    first = {o.rank: list(o.displays) for o in outputs}
+    return [(ranks, first[ranks[0]]) for ranks, _ in same_ranks(keyed) if first[ranks[0]]]
 
 
 class _Text:
