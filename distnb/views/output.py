@@ -237,7 +237,9 @@ def _same_displays(outputs: Sequence[RankOutput]) -> list[tuple[list[int], list[
     if len(outputs) < GROUP_FROM:
         return [([out.rank], list(out.displays)) for out in outputs]
     # what is shown, not the engine's own numbering (execution counts differ by engine)
-    keyed = [(o.rank, json.dumps([d.get("data") for d in o.displays], default=str)) for o in outputs]
+    keyed = [
+        (o.rank, json.dumps([d.get("data") for d in o.displays], default=str)) for o in outputs
+    ]
     first = {o.rank: list(o.displays) for o in outputs}
     return [(ranks, first[ranks[0]]) for ranks, _ in same_ranks(keyed) if first[ranks[0]]]
 

@@ -22,6 +22,7 @@ from distnb.records.cell import RankReport, RankState
 from distnb.records.collective import CallSite, CollectiveEvent, Fingerprint, TensorSpec
 from distnb.records.debug import DebugStop
 from distnb.records.replicas import Digest, ReplicaReport, compare, first_divergence
+from distnb.session.runs.deadlock import held_up_by
 from distnb.session.runs.endings import where_running
 from distnb.session.runs.referee import desync_reason, skipped_call
 from distnb.views._format import DIFF_ROW_BG
@@ -157,6 +158,14 @@ def test_a_desync_of_32_ranks_says_once_which_ranks_ended_alike() -> None:
     )
     small = desync_reason({3: "finished the cell"}, [waiter(r, [3]) for r in range(3)])
     assert small.startswith("rank 3 finished the cell without calling all_reduce #3")
+
+
+def test_the_waiters_of_a_collective_wait_for_the_ranks_that_have_not_reached_it() -> None:
+    # as seen on 10 ranks on 2 hosts: each beacon named whom it missed when it began to wait
+    beacons = [waiter(0, range(1, 5)), waiter(1, range(2, 5)), waiter(3, [5, 7])]
+    beacons += [waiter(r, [7]) for r in (2, 4, 5, 6, 8)] + [waiter(9, [5, 6, 7])]
+    assert {held_up_by(b, beacons) for b in beacons} == {(7,)}
+    assert held_up_by(waiter(0, [1]), [waiter(0, [1])]) == (1,)  # two ranks: as before
 
 
 def test_where_32_ranks_stop_lining_up_names_each_call_site_once() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from distnb.records.beacon import Beacon, WaitKind
 
-__all__ = ["cycle_reason", "find_cycle"]
+__all__ = ["cycle_reason", "find_cycle", "held_up_by"]
 
 
 def find_cycle(beacons: Sequence[Beacon], run_id: int) -> list[Beacon] | None:
@@ -36,6 +36,32 @@ def find_cycle(beacons: Sequence[Beacon], run_id: int) -> list[Beacon] | None:
             first = cycle.index(min(cycle))  # the same cycle reads the same from any start
             return [waiting[r] for r in cycle[first:] + cycle[:first]]
     return None
+
+
+def held_up_by(beacon: Beacon, beacons: Sequence[Beacon]) -> tuple[int, ...]:
+    """The ranks that have not reached `beacon`'s collective: what every rank waiting at it
+    waits for in the end.
+
+    A beacon says whom the rank missed when it began to wait; a peer that reached the same
+    collective since (its fingerprint still on its way through its host's leader) waits too and
+    holds nobody up. At 10 ranks on two hosts the waiters of one collective named `ranks 1-4`,
+    `ranks 5-9`, `ranks 5,7`, `ranks 5-7` when all of them waited for rank 7, asleep. Of
+    everything the collective's waiters missed, the ranks not waiting at it themselves are the
+    ones holding it up; if there are none (or the wait is a receive), the beacon's own list
+    stands."""
+    if beacon.kind is not WaitKind.COLLECTIVE:
+        return beacon.waiting_for
+    at = [
+        b
+        for b in beacons
+        if b.waiting
+        and b.run_id == beacon.run_id
+        and b.kind is WaitKind.COLLECTIVE
+        and (b.group_name, b.seq) == (beacon.group_name, beacon.seq)
+    ]
+    there = {b.rank for b in at} | {beacon.rank}
+    missed = {r for b in [beacon, *at] for r in b.waiting_for}
+    return tuple(sorted(missed - there)) or beacon.waiting_for
 
 
 def cycle_reason(cycle: Sequence[Beacon]) -> str:

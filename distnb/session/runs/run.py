@@ -26,6 +26,7 @@ from distnb.session.control import ControlPlane
 from distnb.session.debugger import visual
 from distnb.session.debugger.desk import Desk, frontend_stdin
 from distnb.session.runs import endings
+from distnb.session.runs.deadlock import held_up_by
 from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
 from distnb.session.runs.referee import DesyncReferee
 from distnb.session.runs.request import CellRequest, CellResult
@@ -173,11 +174,12 @@ class CellRun:
         """What each running rank's beacon says it waits at (or that it is stopped in the
         debugger), for this run."""
         words = {}
-        for b in self.control.beacons([t.rank for t in self._running()]):
+        beacons = self.control.beacons([t.rank for t in self._running()])
+        for b in beacons:
             if b.run_id != self.request.run_id:
                 continue
             if b.waiting:
-                words[b.rank] = f"waiting at {b.where()} for {format_ranks(b.waiting_for)}"
+                words[b.rank] = f"waiting at {b.where()} for {format_ranks(held_up_by(b, beacons))}"
             elif b.state is BeaconState.STOPPED:
                 words[b.rank] = f"stopped in {b.where()}"
         return words
