@@ -1,5 +1,7 @@
 """Views of 32 ranks on 4 hosts as a browser draws them: ranks that agree read as one.
 
+Status, shape table, timeline lanes, replica diff, a mismatch and a hang report.
+
 Each view's HTML (what a notebook shows) is loaded in Chromium; the test reads what the page
 shows and takes a screenshot of each (artifacts/scale/*.png). The records are built here, as
 the views' own tests build them: the views are pure functions of records.
@@ -7,11 +9,18 @@ the views' own tests build them: the views are pure functions of records.
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
-from distnb.records.cell import RankInfo
+from distnb.errors import RankTimeoutError
+from distnb.matching import match
+from distnb.records.cell import RankInfo, RankReport, RankState
+from distnb.records.collective import CallSite, Fingerprint, TensorSpec
+from distnb.records.replicas import Digest, ReplicaReport, compare
 from distnb.records.resources import RankResources
 from distnb.records.shapes import ShapeScan, TensorMeta
+from distnb.views.mismatch import MismatchView
+from distnb.views.replicas import ReplicaView
 from distnb.views.shapes import ShapeTableView
 from distnb.views.status import Status
 from distnb.views.timeline import TimelineView
@@ -76,3 +85,72 @@ def test_timeline_of_32_ranks_draws_a_lane_per_rank(page: Any) -> None:
     ]
     text = shot(page, "timeline", TimelineView(events)._repr_html_())
     assert "rank 31" in text
+
+
+def test_timeline_of_32_ranks_on_4_hosts_draws_a_lane_per_host_and_the_late_rank(
+    page: Any,
+) -> None:
+    ms = 1_000_000
+    events = []
+    for seq in range(3):
+        arrive = {r: seq * ms + r * 100 + (ms // 2 if r == 13 else 0) for r in range(WORLD)}
+        start = max(arrive.values()) + 10_000
+        events += [ev(r, seq, arrive[r], start=start, n=WORLD) for r in range(WORLD)]
+    hosts = {r: f"node{r // 8}" for r in range(WORLD)}
+    text = shot(page, "timeline-lanes", TimelineView(events, hosts=hosts)._repr_html_())
+    for label in ("ranks 0-7 (node0)", "ranks 8-12,14-15 (node1)", "rank 13 (node1)"):
+        assert label in text
+    assert page.locator("svg text[text-anchor=end]").count() == 5  # 4 hosts and rank 13
+
+
+def test_replica_diff_of_32_ranks_names_the_rank_that_differs(page: Any) -> None:
+    ranks = tuple(range(WORLD))
+    digests = [
+        Digest(n, r, ranks, "b" if r == 31 and n != "head" else "a", (4,), "float32", 16)
+        for r in ranks
+        for n in ("fc.weight", "fc.bias", "head")
+    ]
+    differences, missing, compared, alone = compare(digests, ranks)
+    report = ReplicaReport(
+        ("model",), ranks, compared, 16 * len(digests), tuple(differences), tuple(missing), alone
+    )
+    text = shot(page, "replicas", ReplicaView(report)._repr_html_())
+    assert "ranks 0-30 agree; rank 31 differs in fc.weight, fc.bias" in text
+    assert "0-30 | 31" in text
+    assert page.locator("tr").count() == 3  # header, fc.weight, fc.bias
+
+
+def test_mismatch_and_hang_report_of_32_ranks_give_the_odd_rank_its_own_line(page: Any) -> None:
+    def fingerprint(r: int) -> Fingerprint:
+        odd = r == 16
+        return Fingerprint(
+            r, "WORLD", 3, "all_reduce", (TensorSpec((4 if odd else 8,), "float32"),),
+            reduce_op="SUM", site=CallSite("train.py", 44 if odd else 41),
+            group_ranks=tuple(range(WORLD)),
+        )  # fmt: skip
+
+    found = match([fingerprint(r) for r in range(WORLD)])
+    assert found is not None
+    reports = [
+        RankReport(r, RankState.RUNNING, "still running", "  train.py line 40: load()")
+        if r == 16
+        else RankReport(
+            r,
+            RankState.RUNNING,
+            "waiting at all_reduce #3 on WORLD for rank 16",
+            "  train.py line 41: dist.all_reduce(x)",
+        )
+        for r in range(WORLD)
+    ]
+    hang = RankTimeoutError("train.py still running on ranks 0-31 after 60 s", reports)
+    message = "\n".join([found.message, "", *hang._render_traceback_()])
+    text = shot(
+        page,
+        "mismatch-hang",
+        MismatchView(found)._repr_html_() + f"<pre>{html.escape(message)}</pre>",
+    )
+    assert "ranks 0-15,17-31: all_reduce(float32[8], op=SUM)" in text
+    assert "rank 16:          all_reduce(float32[4], op=SUM)" in text
+    assert "[ranks 0-15,17-31] running: waiting at all_reduce #3 on WORLD for rank 16" in text
+    assert "[rank 16] running: still running" in text
+    assert page.locator("tr").count() == 3  # header, the 31 ranks, rank 16
