@@ -238,12 +238,15 @@ def ev(
 
 
 def busy(
-    world: int, late: int | None = None, elsewhere: int | None = None
+    world: int, late: int | None = None, elsewhere: int | None = None, by: int = 3 * MS
 ) -> list[CollectiveEvent]:
-    """Three all_reduces; `late` arrives 3 ms after the rest, `elsewhere` calls from line 44."""
+    """Three all_reduces; `late` arrives `by` after the rest, `elsewhere` calls from line 44."""
     out = []
     for seq in range(3):
-        arrive = {r: seq * 10 * MS + r * 1000 + (3 * MS if r == late else 0) for r in range(world)}
+        # on time: within 31 µs, in an order that changes (ranks 9, 30, 19 last at 32 ranks)
+        arrive = {r: seq * 10 * MS + (7 * r + 13 * seq) % world * 1000 for r in range(world)}
+        if late is not None:
+            arrive[late] += by
         start = max(arrive.values()) + 10_000
         out += [ev(r, seq, arrive[r], 44 if r == elsewhere else 41, start) for r in range(world)]
     return out
@@ -266,6 +269,13 @@ def test_ranks_on_one_host_share_a_lane_and_a_debugger_stop_keeps_its_own() -> N
     stops = [DebugStop(5, 0, 2 * MS, 7)]
     tl = build_timeline(busy(32), stops=stops)
     assert rank_groups(tl) == [(0, 1, 2, 3, 4, *range(6, 32)), (5,)]
+
+
+def test_a_rank_last_by_a_hair_every_time_has_a_lane_and_noise_does_not_split_lanes() -> None:
+    tl = build_timeline(busy(32, late=20, by=40_000))  # 40 µs: under 2 pixels of 23 ms
+    assert rank_groups(tl) == [(*range(20), *range(21, 32)), (20,)]
+    noise = build_timeline(busy(32))  # ranks 9, 30 and 19 each last once, by 1 µs
+    assert rank_groups(noise) == [tuple(range(32))]
 
 
 def test_the_timeline_of_32_ranks_draws_and_tells_a_lane_per_group() -> None:

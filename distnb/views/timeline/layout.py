@@ -3,12 +3,13 @@
 A lane is one rank's collectives in one group. From `GROUP_FROM` ranks on, ranks whose lanes
 agree share one, labelled `ranks 0-7 (node0)`: on the same host, the same collectives (group,
 seq) from the same call sites, arriving, starting and ending within `tolerance` of each other
-(two pixels of a 960-pixel drawing, or the clocks' precision if coarser), and never the rank
-that arrived last by more than that. A late rank, a rank in another collective and a rank that
-sat in a debugger keep a lane of their own, so who waited for whom still reads; hosts never
-share a lane. Grouping compares each rank with the first rank of each group (not every pair),
-so a group's members are all within `tolerance` of one rank, and the lanes come out the same
-for the same records.
+(two pixels of a 960-pixel drawing, or the clocks' precision if coarser). A rank keeps a lane
+of its own when it arrived last by more than that, when it arrived last (by more than the
+clocks' precision) at least twice and `STRAGGLER_SHARE` times as often as its share, when it
+was in another collective, or when it sat in a debugger: so who waited for whom still reads.
+Hosts never share a lane. Grouping compares each rank with the first rank of each group (not
+every pair), so a group's members are all within `tolerance` of one rank, and the same
+records give the same lanes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ PALETTE = (
 )
 WAIT_COLOR = "#9e9e9e"
 TOLERANCE_PARTS = 480  # a 960-pixel drawing: ranks closer than 2 pixels look the same
+STRAGGLER_SHARE = 3  # last this many times its share of the collectives: a straggler
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,10 @@ def rank_groups(tl: Timeline) -> list[tuple[int, ...]]:
     alone = {s.rank for s in tl.stops} | {
         c.last_rank for c in tl.collectives if len(c.slots) > 1 and c.lead_ns > tol
     }
+    # a rank last by a hair every time is a straggler all the same (the straggler table says
+    # so); last now and then, by a hair, is noise: some rank is always last
+    fair = sum(s.times_last for s in tl.stragglers) / len(tl.ranks)
+    alone |= {s.rank for s in tl.stragglers if s.times_last >= max(2, STRAGGLER_SHARE * fair)}
     groups: list[list[int]] = []
     for r in tl.ranks:
         like = None if r in alone else next(
