@@ -3,7 +3,8 @@
 Run:  .venv/bin/python bench/bench_views.py [--repeat 7] [--scale]
 
 `--scale`: only the views of 32 ranks on 4 hosts (status, a 200-name shape table, a 10,000-event
-timeline), saved apart (bench/results/views-scale.txt).
+timeline, the same with its lanes grouped by host, a mismatch, a hang report, a 200-name replica
+diff), saved apart (bench/results/views-scale.txt).
 
 Targets: each timeline rendering <= 1 s (measured from the events: building the timeline is
 included, as it is when a view is displayed); scan of a 1,000-tensor namespace on each of 2
@@ -181,6 +182,79 @@ def bench_scale(repeat: int) -> list[tuple[str, float, float | None]]:
         (
             "10,000 events, 32 ranks: HTML (SVG)",
             median_s(lambda: TimelineView(events)._repr_html_(), repeat),
+            1.0,
+        ),
+        *bench_scale_grouped(repeat, events),
+    ]
+
+
+def bench_scale_grouped(
+    repeat: int, events: list[CollectiveEvent]
+) -> list[tuple[str, float, float | None]]:
+    """What groups ranks at 32: the timeline on 4 hosts (lanes per host, rank 1 late alone), a
+    mismatch of one rank, a hang report with one rank asleep, a replica diff of 200 names where
+    rank 31 differs in 3; each from its records."""
+    from distnb.errors import RankTimeoutError
+    from distnb.matching import match
+    from distnb.records.cell import RankReport, RankState
+    from distnb.records.collective import Fingerprint, TensorSpec
+    from distnb.records.replicas import Digest, ReplicaReport, compare
+    from distnb.views.mismatch import MismatchView
+    from distnb.views.replicas import ReplicaView
+    from distnb.views.timeline import TimelineView
+
+    hosts = {r: f"node{r // 8}" for r in range(32)}
+    site = CallSite("train.py", 41, code="dist.all_reduce(x)")
+    fps = [
+        Fingerprint(r, "WORLD", 3, "all_reduce", (TensorSpec((4 if r == 16 else 8,), "float32"),),
+                    reduce_op="SUM", site=site, group_ranks=tuple(range(32)))
+        for r in range(32)
+    ]  # fmt: skip
+    found = match(fps)
+    assert found is not None
+    reports = [
+        RankReport(r, RankState.RUNNING, "still running", "  train.py line 40: load()")
+        if r == 16
+        else RankReport(r, RankState.RUNNING, "waiting at all_reduce #3 for rank 16", str(site))
+        for r in range(32)
+    ]
+    hang = RankTimeoutError("train.py still running", reports)
+    ranks = tuple(range(32))
+    digests = [
+        Digest(f"p{i}", r, ranks, "b" if r == 31 and i < 3 else "a", (64,), "float32", 256)
+        for r in ranks
+        for i in range(200)
+    ]
+    diffs, missing, compared, alone = compare(digests, ranks)
+    replicas = ReplicaReport(("model",), ranks, compared, 0, tuple(diffs), tuple(missing), alone)
+    on_hosts = "10,000 events, 32 ranks, lanes by host"
+    return [
+        (
+            f"{on_hosts}: text",
+            median_s(lambda: repr(TimelineView(events, hosts=hosts)), repeat),
+            1.0,
+        ),
+        (
+            f"{on_hosts}: HTML (SVG)",
+            median_s(lambda: TimelineView(events, hosts=hosts)._repr_html_(), repeat),
+            1.0,
+        ),
+        ("32 ranks: mismatch (match + message)", median_s(lambda: match(fps), repeat), 1.0),
+        ("32 ranks: mismatch HTML", median_s(MismatchView(found)._repr_html_, repeat), 1.0),
+        ("32 ranks: hang report text", median_s(hang._render_traceback_, repeat), 1.0),
+        (
+            "200 names x 32 ranks: replica compare",
+            median_s(lambda: compare(digests, ranks), repeat),
+            1.0,
+        ),
+        (
+            "200 names x 32 ranks: replica diff text",
+            median_s(lambda: str(ReplicaView(replicas)), repeat),
+            1.0,
+        ),
+        (
+            "200 names x 32 ranks: replica diff HTML",
+            median_s(ReplicaView(replicas)._repr_html_, repeat),
             1.0,
         ),
     ]
