@@ -297,6 +297,20 @@ def test_the_timeline_of_32_ranks_draws_and_tells_a_lane_per_group() -> None:
     assert ticks == labels
 
 
+def test_the_timeline_widget_of_32_ranks_draws_lanes_and_details_a_row_per_lane() -> None:
+    box = TimelineView(busy(32, late=13), hosts=HOSTS).widget()
+    _heading, controls, drawing, _count, listing, detail, tables = box.children
+    assert "ranks 8-12,14-15 (node1)" in drawing.value and "Lanes" in tables.value
+    listing.index = 0
+    rows = re.findall(r"<tr>(.*?)</tr>", detail.value.split("</thead>")[1])
+    firsts = [re.sub("<[^>]+>", "", row.split("</td>")[0]) for row in rows]
+    assert firsts == [
+        "ranks 0-7", "ranks 8-12,14-15", "rank 13 (last)", "ranks 16-23", "ranks 24-31",
+    ]  # fmt: skip
+    controls.children[0].value = "13"  # one rank picked: its own lane
+    assert "rank 13 (node1)" in drawing.value and "ranks 0-7" not in drawing.value
+
+
 def test_the_timeline_of_8_ranks_keeps_a_lane_per_rank() -> None:
     view = TimelineView(busy(8, late=3))
     labels = re.findall(r'text-anchor="end" fill="#333">([^<]*)<', view._repr_html_())

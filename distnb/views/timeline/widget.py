@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from distnb.ranklist import format_ranks
 from distnb.views._format import esc, format_bytes, format_ns, html_table
-from distnb.views.timeline.model import Collective, Timeline
+from distnb.views.grouping import span
+from distnb.views.timeline.layout import rank_groups
+from distnb.views.timeline.model import Collective, RankSlot, Timeline
 from distnb.views.timeline.summary import render_heading_html, render_tables_html
 from distnb.views.timeline.svg import render_svg
 
@@ -44,8 +47,16 @@ def collective_label(c: Collective) -> str:
     )
 
 
-def slot_rows(c: Collective) -> list[list[str]]:
-    """One row per rank: when it arrived (after the first), its wait and its call site."""
+def slot_rows(c: Collective, lanes: Sequence[tuple[int, ...]] = ()) -> list[list[str]]:
+    """One row per rank: when it arrived (after the first), its wait and its call site; with
+    `lanes` (the ranks that share a lane, from `GROUP_FROM` ranks on), one row per lane, with
+    the range of its ranks' times."""
+    if lanes:
+        where = {r: i for i, lane in enumerate(lanes) for r in lane}
+        by_lane: dict[int, list[RankSlot]] = {}
+        for s in c.slots:
+            by_lane.setdefault(where.get(s.rank, -1 - s.rank), []).append(s)
+        return [_lane_row(c, slots) for slots in by_lane.values()]
     first = c.first_arrive_ns
     return [
         [
@@ -58,6 +69,26 @@ def slot_rows(c: Collective) -> list[list[str]]:
             s.site.code.strip(),
         ]
         for s in c.slots
+    ]
+
+
+def _lane_row(c: Collective, slots: Sequence[RankSlot]) -> list[str]:
+    """The ranks of one lane in one row: `+1.0 µs-+7.0 µs` where their times differ."""
+
+    def spread(values: Sequence[int], prefix: str = "") -> str:
+        lo, hi = prefix + format_ns(min(values)), prefix + format_ns(max(values))
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    ranks = [s.rank for s in slots]
+    ends = [s.end_ns - s.start_ns for s in slots if s.end_ns is not None]
+    return [
+        format_ranks(ranks) + (" (last)" if c.last_rank in ranks else ""),
+        spread([s.arrive_ns - c.first_arrive_ns for s in slots], "+"),
+        spread([s.wait_ns for s in slots]),
+        spread(ends) if len(ends) == len(slots) else "unknown",
+        span([format_bytes(s.nbytes) for s in slots]),
+        span([str(s.site) for s in slots]),
+        span([s.site.code.strip() for s in slots]),
     ]
 
 
@@ -80,6 +111,8 @@ class _TimelineWidget:
             return w.Dropdown(options=[ALL, *map(str, values)], value=ALL, description=label)
 
         self.tl = tl
+        groups = rank_groups(tl)  # from GROUP_FROM ranks on, ranks that agree share a row
+        self.lanes = groups if len(groups) < len(tl.ranks) else []
         self.rank, self.op = dropdown("rank", tl.ranks), dropdown("op", [s.op for s in tl.ops])
         self.group = dropdown("group", tl.groups)
         self.order = w.Dropdown(options=["time", "wait"], value="wait", description="sort by")
@@ -123,9 +156,10 @@ class _TimelineWidget:
             ops=None if op is None else [op],
             selected=None if sel is None else (sel.group, sel.seq),
         )
-        self.detail.value = "" if sel is None else detail_html(sel)
+        self.detail.value = "" if sel is None else detail_html(sel, self.lanes)
 
 
-def detail_html(c: Collective) -> str:
-    """The picked collective: its label over one row per rank with the rank's call site."""
-    return f"<b>{esc(collective_label(c))}</b>" + html_table(SLOT_HEADER, slot_rows(c))
+def detail_html(c: Collective, lanes: Sequence[tuple[int, ...]] = ()) -> str:
+    """The picked collective: its label over one row per rank (or per lane of ranks that
+    agree) with the call site."""
+    return f"<b>{esc(collective_label(c))}</b>" + html_table(SLOT_HEADER, slot_rows(c, lanes))
