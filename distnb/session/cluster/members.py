@@ -25,6 +25,7 @@ import psutil
 from distnb.reaper import Reaper
 from distnb.session.cluster import processes
 from distnb.session.cluster.oom import OOM_TEXT, OomBaseline
+from distnb.session.load import stretched
 
 __all__ = ["LEFT_CLUSTER", "Member", "Members", "Role", "describe", "exit_text", "own_lines"]
 
@@ -39,11 +40,9 @@ _SETTLE_MAX_S = 3.0
 
 
 def _settle_s() -> float:
-    """`_SETTLE_S`, longer on a machine with more runnable work than cores (a controller told to
-    stop took over a second to end after its heart monitor at a load average of 10 on 2 cores),
-    so that the cause is named rather than the first process that happened to end."""
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    return min(_SETTLE_MAX_S, _SETTLE_S * max(1.0, load))
+    """`_SETTLE_S`, longer on a busy machine (`load.stretched`), so that the cause is named
+    rather than the first process that happened to end."""
+    return stretched(_SETTLE_S, _SETTLE_MAX_S)
 
 
 _LINE_CHARS = 300

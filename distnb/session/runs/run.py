@@ -25,6 +25,7 @@ from distnb.session.cluster.members import Member, Role
 from distnb.session.control import ControlPlane
 from distnb.session.debugger import visual
 from distnb.session.debugger.desk import Desk, frontend_stdin
+from distnb.session.load import stretched
 from distnb.session.runs import endings
 from distnb.session.runs.deadlock import held_up_by
 from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
@@ -33,8 +34,10 @@ from distnb.session.runs.request import CellRequest, CellResult
 from distnb.session.runs.streams import StreamLog, execute
 from distnb.views.output import CellOutput, RankOutput
 
-# How long ranks get to stop after an interrupt before distnb says they are stuck.
+# How long ranks get to stop after an interrupt before distnb says they are stuck, on a quiet
+# machine; a busy one stretches it (`load.stretched`), up to INTERRUPT_GRACE_MAX_S.
 INTERRUPT_GRACE_S = 3.0
+INTERRUPT_GRACE_MAX_S = 15.0
 # How long the other ranks get to finish once one rank has died.
 DEATH_GRACE_S = 1.0
 # Ranks write a beacon only once a wait has lasted 5 ms: before then there is nothing to referee,
@@ -327,7 +330,7 @@ class CellRun:
         if not running:
             return []
         self.cluster.signal(signal.SIGINT, [t.engine_id for t in running])
-        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        deadline = time.monotonic() + stretched(INTERRUPT_GRACE_S, INTERRUPT_GRACE_MAX_S)
         while time.monotonic() < deadline and any(not self.results[t.rank].done() for t in running):
             self._wake.wait(0.05)
             self._wake.clear()
