@@ -129,6 +129,22 @@ class Frontend:
         self.km, self.kc = km, kc
         self.last_password = False  # the last prompt asked for hidden input
 
+    def stacks(self) -> str:
+        """Where the kernel's threads are now (py-spy, installed with the tests), for the report
+        of a cell that did not end: a hang says where it hangs."""
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        spy = Path(sys.executable).with_name("py-spy")
+        if pid is None or not spy.exists():
+            return "(no stacks: no kernel pid or no py-spy)"
+        done = subprocess.run(
+            [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
+        return f"the kernel's threads:\n{done.stdout}{done.stderr}"
+
     def run(
         self,
         code: str,
@@ -145,7 +161,9 @@ class Frontend:
         idle = False
         while not idle:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no reply in {timeout} s: {reply.prompts}\n{reply.text}")
+                raise TimeoutError(
+                    f"no reply in {timeout} s: {reply.prompts}\n{reply.text}\n{self.stacks()}"
+                )
             try:
                 request = self.kc.get_stdin_msg(timeout=0.01)
             except queue.Empty:
