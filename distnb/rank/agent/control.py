@@ -28,7 +28,7 @@ from distnb.rank.agent.stopped import AgentAsker, AgentPdb, Lease
 from distnb.records.attach import AgentState
 
 if TYPE_CHECKING:
-    from distnb.rank.agent.core import Agent
+    from distnb.rank.agent.surface import AgentSurface
 
 __all__ = ["Control", "user_frame"]
 
@@ -38,7 +38,7 @@ _PACKAGES = ("torch", "distnb")
 class Control:
     """The notebook's standing requests to one rank (see the module)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentSurface) -> None:
         self.agent = agent
         self.lease = Lease(agent.store)
         self.state = AgentState.RUNNING

@@ -27,16 +27,17 @@ import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from distnb import keys
+from distnb.rank.agent.surface import AgentSurface
 from distnb.rank.agent.tape import CORE, GROUP
 from distnb.rank.checked.recorder import _event
 from distnb.rank.checked.wire import fingerprint
 from distnb.records.attach import AgentState, Frame, OpenCall, RankSnapshot
 
 if TYPE_CHECKING:
-    from distnb.rank.agent.core import Agent
+    from distnb.rank.agent.control import Control
 
 __all__ = ["Server", "check_line", "find_file", "main_stack"]
 
@@ -46,10 +47,16 @@ _MAIN = threading.main_thread()
 _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
+class Served(AgentSurface, Protocol):
+    """The agent as its server sees it: its surface and its control."""
+
+    control: Control | None
+
+
 class Server(threading.Thread):
     """See the module."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Served) -> None:
         super().__init__(name="distnb-agent", daemon=True)
         self.agent = agent
 

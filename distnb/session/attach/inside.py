@@ -23,7 +23,7 @@ from distnb.errors import ConfigError, SessionError
 from distnb.records.debug import InputRequest
 
 if TYPE_CHECKING:
-    from distnb.session.attach.job import AttachedJob
+    from distnb.session.attach.surface import JobSurface
     from distnb.views.overflow import OverflowView
     from distnb.views.replicas import ReplicaView
     from distnb.views.shapes import ShapeTableView
@@ -35,7 +35,7 @@ CALL = "\0call "
 
 
 def stopped(
-    job: AttachedJob, ranks: Sequence[int] | None, wait_s: float = 30.0
+    job: JobSurface, ranks: Sequence[int] | None, wait_s: float = 30.0
 ) -> dict[int, InputRequest]:
     """The open prompt of each rank asked (default: every stopped rank); SessionError if one
     of them is not stopped."""
@@ -52,7 +52,7 @@ def stopped(
 
 
 def answer_all(
-    job: AttachedJob, asked: dict[int, InputRequest], line: Callable[[InputRequest], str],
+    job: JobSurface, asked: dict[int, InputRequest], line: Callable[[InputRequest], str],
     timeout_s: float = 30.0,
 ) -> dict[int, str]:  # fmt: skip
     """Answer each prompt with `line(prompt)` and wait for each rank's next prompt; what each
@@ -77,7 +77,7 @@ def answer_all(
 
 
 def run(
-    job: AttachedJob, code: str, ranks: Sequence[int] | None = None, timeout_s: float = 30.0
+    job: JobSurface, code: str, ranks: Sequence[int] | None = None, timeout_s: float = 30.0
 ) -> dict[int, str]:
     """Run `code` in the frame each stopped rank is stopped in; its output, by rank (printed
     with `[rank N]` too). The last expression's value is shown, as in a cell."""
@@ -87,7 +87,7 @@ def run(
 
 
 def call(
-    job: AttachedJob, request: dict[str, Any], ranks: Sequence[int] | None = None,
+    job: JobSurface, request: dict[str, Any], ranks: Sequence[int] | None = None,
     timeout_s: float = 60.0,
 ) -> dict[int, Any]:  # fmt: skip
     """Each stopped rank's answer to `request` over its frame (`distnb.rank.agent.frames`)."""
@@ -106,7 +106,7 @@ def call(
 
 
 def shapes(
-    job: AttachedJob, names: Sequence[str] | None = None, all: bool = False,
+    job: JobSurface, names: Sequence[str] | None = None, all: bool = False,
     ranks: Sequence[int] | None = None,
 ) -> ShapeTableView:  # fmt: skip
     """The shape table of the stopped ranks' frames (what `%dist_shapes` shows), differences
@@ -119,7 +119,7 @@ def shapes(
 
 
 def diff(
-    job: AttachedJob, *names: str, grads: bool = False, buffers: bool = False,
+    job: JobSurface, *names: str, grads: bool = False, buffers: bool = False,
     expect: str = "same", ranks: Sequence[int] | None = None,
 ) -> ReplicaView:  # fmt: skip
     """Do the stopped ranks' replicas agree (what `%dist_diff` shows)? The modules, tensors
@@ -145,7 +145,7 @@ def diff(
 
 
 def overflow(
-    job: AttachedJob, name: str, ranks: Sequence[int] | None = None, **options: Any
+    job: JobSurface, name: str, ranks: Sequence[int] | None = None, **options: Any
 ) -> None:
     """Trace overflow on the module the stopped frames call `name` from now on (the options
     of `distnb.overflow.watch`); it sees the ranks' next steps once they go on. `detach`
@@ -159,9 +159,7 @@ def overflow(
     call(job, {"fn": "overflow", "name": name, "options": record.to_dict()}, ranks)
 
 
-def overflow_report(
-    job: AttachedJob, ranks: Sequence[int] | None = None
-) -> dict[str, OverflowView]:
+def overflow_report(job: JobSurface, ranks: Sequence[int] | None = None) -> dict[str, OverflowView]:
     """Each traced module's frames per stopped rank, and which rank went non-finite first."""
     from distnb.records.overflow import RankOverflowReport
     from distnb.views.overflow import OverflowView
