@@ -18,6 +18,11 @@ the notebook must still reach the survivors. distnb's own options come first:
 `--distnb-host ADDR` the address the control plane listens on. Then `%dist_attach` (or
 `distnb.attach(...)`) in a notebook on a machine that reaches the job.
 
+On several nodes (`--nnodes 2`, the same command on each) one launcher hosts the control
+plane, the one whose node owns its address (`--distnb-host`, else the rendezvous endpoint's
+host), and the others join it through the run folder, which every node must see
+(`distnb.runplace`): one run folder, one secret and one `host:port` for the whole job.
+
 Plain `torchrun` opts in through the environment instead: `eval "$(python -m distnb.run
 --distnb-env)"` exports `DISTNB_AGENT=1` and puts the hook first on `PYTHONPATH`; the hook then
 runs in torchrun's own launcher too, and does there what this entry point does (`host`), once
@@ -37,27 +42,41 @@ from typing import Any
 
 from distnb.errors import ConfigError
 from distnb.jobfolder import Endpoint, JobFolder, run_id
+from distnb.runplace import Place, join, place
 
-__all__ = ["AGENT_VAR", "ATTACH_VAR", "BOOT", "Hosted", "env_lines", "host", "main", "split"]
+__all__ = [
+    "AGENT_VAR",
+    "ATTACH_VAR",
+    "BOOT",
+    "Hosted",
+    "env_lines",
+    "host",
+    "joined",
+    "main",
+    "split",
+]
 
 ATTACH_VAR = "DISTNB_ATTACH"  # the run folder, in every worker's environment
 AGENT_VAR = "DISTNB_AGENT"  # 1: plain torchrun's launcher hosts a control plane (the hook)
 RUN_VAR, HOST_VAR = "DISTNB_RUN", "DISTNB_HOST"  # --distnb-run and --distnb-host, for the hook
 BOOT = Path(__file__).resolve().parent / "rank" / "agent" / "boot"
-_OWN = {"--distnb-host": "127.0.0.1", "--distnb-run": ""}
+_OWN = {"--distnb-host": "", "--distnb-run": ""}
 _ENV = "--distnb-env"
 
 
 class Hosted:
     """A job's control plane, hosted in its launcher: the run folder and the store's server
-    (the server stops with its last reference: keep this object)."""
+    (the server stops with its last reference: keep this object). `server` None: a node that
+    joins another node's control plane (`joined`)."""
 
     def __init__(self, folder: JobFolder, server: Any) -> None:
         self.folder, self.server = folder, server
 
     def end(self, status: int) -> None:
-        """Say in the run folder that the launcher has returned; stop serving."""
-        self.folder.mark_ended(status)
+        """Say in the run folder that the launcher has returned; stop serving. A joining
+        node's launcher says nothing: the job ends with the hosting node's."""
+        if self.server is not None:
+            self.folder.mark_ended(status)
         self.server = None
 
 
@@ -93,12 +112,27 @@ def host(name: str = "", address: str = "127.0.0.1", argv: tuple[str, ...] = ())
     endpoint = Endpoint(folder.path.name, address, server.port, socket.gethostname(),
                         os.getpid(), time.time(), argv)  # fmt: skip
     folder.write_endpoint(endpoint)
+    _hand_over(folder)
+    print(f"distnb: attach to this job with %dist_attach {folder.path}", file=sys.stderr)
+    return Hosted(folder, server)
+
+
+def joined(where: Place) -> Hosted:
+    """On a node that does not host its job's control plane (`distnb.runplace`): the workers
+    inherit the hosting node's run folder, and their agents connect to its store."""
+    folder = join(where)
+    _hand_over(folder)
+    print(f"distnb: this node's ranks join the control plane at {where.address} "
+          f"(run folder {folder.path})", file=sys.stderr)  # fmt: skip
+    return Hosted(folder, None)
+
+
+def _hand_over(folder: JobFolder) -> None:
+    """The environment the workers inherit: the run folder; the hook first on `PYTHONPATH`."""
     os.environ[ATTACH_VAR] = str(folder.path)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(BOOT) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(BOOT), *paths])
-    print(f"distnb: attach to this job with %dist_attach {folder.path}", file=sys.stderr)
-    return Hosted(folder, server)
 
 
 def env_lines() -> str:
@@ -122,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun
 
     try:
-        hosted = host(own["--distnb-run"], own["--distnb-host"], tuple(args))
+        where = place(own["--distnb-run"], own["--distnb-host"], args)
+        hosted = host(where.run, where.address, tuple(args)) if where.hosts else joined(where)
     except ConfigError as exc:
         sys.exit(f"distnb.run: {exc}")
     status = 1

@@ -1,0 +1,90 @@
+"""torchrun jobs on the rehearsal hosts, started as their users start them: `python -m
+distnb.run --nnodes N --node-rank R ...` over ssh on each host, or `srun` inside a Slurm batch
+job; `tests/attach/train.py` on gloo, one interface per host named for gloo (as a cluster's
+users name theirs: the hosts' names resolve nowhere). Every process of a job carries a mark in
+its environment, so `end` finds and ends them all, whichever host and session they are in."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.attach.jobs import START_S, TRAIN
+from tests.multihost.hosts import Host, Lan
+
+PYTHON = shlex.quote(sys.executable)
+# the interface a host's route to the kernel leaves from, for gloo (`ip route get`, in a shell)
+IFNAME = "$(ip -o route get {kernel} | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')"
+
+
+def port() -> int:
+    """A rendezvous port of this test run's own (two runs on one machine keep apart)."""
+    return 20000 + os.getpid() % 20000
+
+
+def command(
+    lan: Lan, node_rank: str, master: str, mark: str, run: str = "", nodes: int = 2, **env: str
+) -> str:
+    """The shell line that starts one node's launcher: static rendezvous on `master`; `run`:
+    the run's name (`--distnb-run`), else the Slurm job's."""
+    settings = {"JOBMARK": mark, "MODE": "hang", "STEPS": "8", "SKIP_AT": "3", **env}
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
+    gloo = IFNAME.format(kernel=lan.kernel_addr)
+    own = f"--distnb-run {run} " if run else ""
+    return (
+        f"cd /tmp && GLOO_SOCKET_IFNAME={gloo} {exports} exec {PYTHON} -m distnb.run {own}"
+        f"--nnodes {nodes} --node-rank {node_rank} --nproc-per-node 1 --master-addr {master} "
+        f"--master-port {port()} {TRAIN}"
+    )
+
+
+def on(lan: Lan, host: Host, line: str, log: Path) -> subprocess.Popen[bytes]:
+    """`line` run on `host` over ssh, its output in `log`, until it ends or `end` ends it."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            ["ssh", *lan.ssh_args, f"root@{host.addr}", line],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def wait_for(logs: list[Path], pattern: str, timeout_s: float = START_S) -> None:
+    """Until one of `logs` shows `pattern`; what they hold if it does not come."""
+    deadline = time.monotonic() + timeout_s
+    while not any(re.search(pattern, log.read_text(errors="replace")) for log in logs):
+        text = "\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
+        assert time.monotonic() < deadline, f"no {pattern!r}:\n{text}"
+        time.sleep(0.2)
+
+
+def end(lan: Lan, mark: str, clients: list[subprocess.Popen[bytes]]) -> None:
+    """End the job: every process of every host whose environment holds `mark` (launchers,
+    workers, srun's steps), then the ssh clients that started them."""
+    for pid in left(lan, mark):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for client in clients:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(client.pid, signal.SIGKILL)
+        client.wait(timeout=30)
+
+
+def left(lan: Lan, mark: str) -> list[int]:
+    """The processes of the job still on the hosts."""
+    needle = f"JOBMARK={mark}\0".encode()
+    found = []
+    for host in lan.hosts:
+        listed = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True,
+                                text=True)  # fmt: skip
+        for pid in map(int, listed.stdout.split()):
+            with contextlib.suppress(OSError):
+                if needle in Path(f"/proc/{pid}/environ").read_bytes():
+                    found.append(pid)
+    return found

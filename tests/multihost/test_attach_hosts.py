@@ -1,0 +1,116 @@
+"""A torchrun job across two rehearsal hosts, attached from the kernel's side of the network.
+
+`python -m distnb.run --nnodes 2`, one rank on each host, started over ssh as a user starts one
+(static rendezvous on the first host's address); the hosts' homes are their own, so the run
+folder is copied as a user copies it (`scp -rp`, the secret's 0600 kept): from the first host
+to the notebook's machine and to the second host, whose launcher joins the first one's control
+plane (`distnb.runplace`). Rank 1 skips a collective; the notebook, attached by `host:port` and
+by the run folder, names rank 1 and both lines, with every rank's host and stack.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import distnb
+from distnb.records.attach import AgentState
+from distnb.session.attach import AttachedJob
+from tests.attach.jobs import START_S, TRAIN, line_of
+from tests.multihost import jobs
+from tests.multihost.hosts import Lan, missing
+
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.gloo,
+    pytest.mark.skipif(bool(missing()), reason=f"rehearsal hosts need {missing()}"),
+]
+
+GRADS, METRICS = line_of("# the gradients"), line_of("# the metrics")
+CHECKPOINT = line_of("saving a checkpoint")
+RUNS = ".distnb/runs"  # under each host's own home
+
+
+def scp(lan: Lan, source: str, target: str) -> None:
+    done = subprocess.run(["scp", "-rpq", *lan.ssh_args, source, target], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def hung(lan: Lan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The job, hung; yields the run folder copied to this machine (`DISTNB_RUNS` here)."""
+    a, b = lan.hosts[0], lan.hosts[1]
+    name, mark = f"across-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    clients = []
+    try:
+        clients.append(jobs.on(lan, a, jobs.command(lan, "0", a.addr, mark, name), logs[0]))
+        deadline = time.monotonic() + START_S
+        while a.ssh(f"test -f {RUNS}/{name}/endpoint.json").returncode != 0:
+            assert time.monotonic() < deadline, logs[0].read_text()
+            time.sleep(0.2)
+        here = tmp_path / "runs"
+        here.mkdir(mode=0o700)
+        scp(lan, f"root@{a.addr}:{RUNS}/{name}", str(here))
+        assert b.ssh(f"mkdir -p -m 700 {RUNS}").returncode == 0
+        scp(lan, str(here / name), f"root@{b.addr}:{RUNS}/")
+        clients.append(jobs.on(lan, b, jobs.command(lan, "1", a.addr, mark, name), logs[1]))
+        monkeypatch.setenv("DISTNB_RUNS", str(here))
+        jobs.wait_for(logs, r"final 1 ")  # rank 1 has left the loop
+        yield here / name
+    finally:
+        jobs.end(lan, mark, clients)
+        assert jobs.left(lan, mark) == []
+
+
+def settle(job: AttachedJob) -> list:
+    """Rank 0 in its last all_reduce, rank 1 in the "checkpoint" it never finishes."""
+    deadline = time.monotonic() + START_S
+    while True:
+        snaps = job.snapshots()
+        call = snaps[0].current
+        if (
+            call is not None
+            and call.seq == 15
+            and snaps[1].stack[-1:]
+            and (snaps[1].stack[-1].line == CHECKPOINT)
+        ):
+            return snaps
+        assert time.monotonic() < deadline, [(s.rank, s.state, s.where) for s in snaps]
+        time.sleep(0.2)
+
+
+def test_a_job_across_two_hosts_is_attached_by_address_and_by_folder(lan: Lan, hung: Path) -> None:
+    a, b = lan.hosts[0], lan.hosts[1]
+    endpoint = json.loads((hung / "endpoint.json").read_text())
+    assert (endpoint["host"], endpoint["hostname"]) == (a.addr, a.name)
+    assert (hung / "secret").stat().st_mode & 0o777 == 0o600
+    job = distnb.attach(f"{a.addr}:{endpoint['port']}", timeout=START_S)
+    try:
+        snaps = settle(job)
+        assert [(s.host, s.state) for s in snaps] == [
+            (a.name, AgentState.COLLECTIVE), (b.name, AgentState.RUNNING),
+        ]  # fmt: skip
+        train = str(TRAIN)  # every rank's live stack, from its agent
+        assert (train, METRICS) in [(f.file, f.line) for f in snaps[0].stack]
+        verdicts = job.verdicts(snaps)
+        assert (
+            f'rank 1 runs at {train}:{CHECKPOINT} (time.sleep(3600)  # "saving a checkpoint") '
+            f"without calling all_reduce #15 on WORLD, which rank 0 waits at {train}:{METRICS}"
+        ) in verdicts
+        assert (
+            f"rank 1 skipped all_reduce #7 at {train}:{METRICS} (rank 0 called it); rank 1's #7 "
+            f"was its call at {train}:{GRADS}"
+        ) in verdicts
+    finally:
+        job.detach()
+    with distnb.attach(str(hung), timeout=START_S) as again:
+        text = repr(again.status())
+        assert "in all_reduce #15 on WORLD" in text and a.name in text and b.name in text
