@@ -29,6 +29,7 @@ class AttachMagics(Magics):
     @magic_arguments()
     @argument("target", nargs="?", default=None, help="run folder, run id, Slurm job id, host:port")
     @argument("--no-agent", action="store_true", help="a job without distnb's agent: py-spy stacks")
+    @argument("--hosts", default=None, help="--no-agent: look on these hosts over ssh: h1,h2")
     @argument("--stop", action="store_true", help="stop ranks before their next collective")
     @argument("--at", default="collective", help="--stop at: collective, or step")
     @argument("--ranks", type=str, default=None, help="--stop, --break: these ranks, e.g. 0,2")
@@ -50,14 +51,15 @@ class AttachMagics(Magics):
         `--timeline`, `--resume`, `--detach`; on stopped ranks, as `%dist_shapes`,
         `%dist_diff` and `%dist_overflow` on distnb's own: `--shapes [NAME ...]`,
         `--diff NAME ...`, `--overflow NAME`, `--overflow-report`. `--no-agent`: a plain
-        torchrun job, py-spy stacks only."""
+        torchrun job, py-spy stacks only (`--hosts h1,h2`: on those hosts, over ssh)."""
         from distnb.session.attach import attach, attach_processes
 
         args = parse(self.dist_attach, line)
         ranks = rank_list(args.ranks) if args.ranks is not None else None
         try:
             if args.no_agent:
-                return attach_processes(args.target)
+                hosts = [h for h in (args.hosts or "").split(",") if h]
+                return attach_processes(args.target, hosts=hosts)
             if args.detach:
                 return self._detach()
             if self.job is None or args.target is not None:

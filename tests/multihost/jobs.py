@@ -30,17 +30,19 @@ def port() -> int:
 
 
 def command(
-    lan: Lan, node_rank: str, master: str, mark: str, run: str = "", nproc: int = 1, **env: str
-) -> str:
+    lan: Lan, node_rank: str, master: str, mark: str, run: str = "", nproc: int = 1,
+    agent: bool = True, **env: str,
+) -> str:  # fmt: skip
     """The shell line that starts one node's launcher of a job on two nodes, `nproc` ranks on
     each: static rendezvous on `master`; `run`: the run's name (`--distnb-run`), else the Slurm
-    job's."""
+    job's; `agent=False`: plain torchrun (`python -m torch.distributed.run`)."""
     settings = {"JOBMARK": mark, "MODE": "hang", "STEPS": "8", "SKIP_AT": "3", **env}
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
     gloo = IFNAME.format(kernel=lan.kernel_addr)
     own = f"--distnb-run {run} " if run else ""
+    launcher = f"distnb.run {own}" if agent else "torch.distributed.run "
     return (
-        f"cd /tmp && GLOO_SOCKET_IFNAME={gloo} {exports} exec {PYTHON} -m distnb.run {own}"
+        f"cd /tmp && GLOO_SOCKET_IFNAME={gloo} {exports} exec {PYTHON} -m {launcher}"
         f"--nnodes 2 --node-rank {node_rank} --nproc-per-node {nproc} --master-addr {master} "
         f"--master-port {port()} {TRAIN}"
     )

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import distnb
+from distnb.errors import ConfigError
 from distnb.records.attach import AgentState
-from distnb.session.attach import AttachedJob
+from distnb.session.attach import AttachedJob, attach_processes, procs
 from tests.attach.jobs import START_S, TRAIN, line_of
 from tests.multihost import jobs
 from tests.multihost.hosts import Lan, missing
@@ -114,3 +115,39 @@ def test_a_job_across_two_hosts_is_attached_by_address_and_by_folder(lan: Lan, h
     with distnb.attach(str(hung), timeout=START_S) as again:
         text = repr(again.status())
         assert "in all_reduce #15 on WORLD" in text and a.name in text and b.name in text
+
+
+def test_a_job_without_the_agent_is_read_on_its_hosts_over_ssh(lan: Lan, tmp_path: Path) -> None:
+    """Plain torchrun on both hosts: `attach_processes(hosts=...)` finds the ranks on each host
+    by their environment and reads their stacks with py-spy there, over ssh."""
+    if procs.pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    a, b = lan.hosts[0], lan.hosts[1]
+    mark, logs = uuid.uuid4().hex, [tmp_path / "a.log", tmp_path / "b.log"]
+    clients = []
+    try:
+        for node, (host, log) in enumerate(zip((a, b), logs, strict=True)):
+            line = jobs.command(lan, str(node), a.addr, mark, agent=False)
+            clients.append(jobs.on(lan, host, line, log))
+        jobs.wait_for(logs, r"final 1 ")
+        where = [f"root@{a.addr}", f"root@{b.addr}"]
+        train = str(TRAIN)
+        deadline = time.monotonic() + START_S
+        while True:  # until rank 0 has reached its last all_reduce
+            view = attach_processes(hosts=where, ssh_args=lan.ssh_args)
+            if f"rank 0 sits in all_reduce at {train}:{METRICS}" in view.verdicts:
+                break
+            assert time.monotonic() < deadline, view.verdicts
+            time.sleep(0.5)
+        assert [(s.rank, s.host, s.source) for s in view.snapshots] == [
+            (0, a.name, "py-spy"), (1, b.name, "py-spy"),
+        ]  # fmt: skip
+        assert f"rank 1 runs outside any collective, at {train}:{CHECKPOINT} in main" in (
+            view.verdicts
+        )
+        with pytest.raises(ConfigError, match=r"could not read the ranks on root@198\.18\..* "
+                           r"over ssh .*python=\.\.\. names its Python"):  # fmt: skip
+            attach_processes(hosts=where[:1], ssh_args=lan.ssh_args, python="/opt/none/python")
+    finally:
+        jobs.end(lan, mark, clients)
+        assert jobs.left(lan, mark) == []

@@ -5,7 +5,8 @@
   returns an `AttachedJob` (`job`): status, live stacks, verdicts, timeline, stops, the text
   debugger, code in stopped frames, detach;
 - `attach_processes()`: a torchrun job that did not opt in, read-only: its ranks found on this
-  machine by their environment, their stacks from py-spy (`procs`);
+  machine, or on the hosts named, over ssh (`remote`), by their environment, their stacks from
+  py-spy (`procs`);
 - `link`: the connection to a job's control plane; `prompts`: stopped ranks for the text
   debugger's desk; `verdict`: who waits for whom, where, and why (pure functions).
 """
@@ -13,12 +14,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from distnb.errors import ConfigError, SessionError
 from distnb.jobfolder import JobFolder, base
-from distnb.records.attach import RankSnapshot
-from distnb.session.attach import procs
+from distnb.session.attach import procs, remote
 from distnb.session.attach.job import AttachedJob
 from distnb.session.attach.link import Link
 from distnb.views.attach import JobView
@@ -99,19 +100,29 @@ def locate(target: str | None) -> JobFolder:
     raise ConfigError(f"{target!r} is neither a run folder nor a run under {root}{hint}")
 
 
-def attach_processes(run: str | None = None) -> JobView:
-    """Read-only attach to a torchrun job without the agent (see `procs`): its ranks on this
-    machine, their py-spy stacks, and what stacks alone say."""
-    if procs.pyspy() is None:
+def attach_processes(
+    run: str | None = None, *, hosts: Sequence[str] = (), ssh_args: Sequence[str] = (),
+    python: str = "",
+) -> JobView:  # fmt: skip
+    """Read-only attach to a torchrun job without the agent (see `procs`): its ranks, their
+    py-spy stacks, and what stacks alone say. `hosts`: where to look, over ssh (`remote`:
+    `ssh_args` for ssh, `python` the hosts' Python, by default this one's path); none: this
+    machine.
+
+    >>> distnb.attach_processes(hosts=["node1", "node2"])
+    """
+    if not hosts and procs.pyspy() is None:
         raise ConfigError(
             "attaching without the agent reads stacks with py-spy: pip install 'distnb[attach]'"
         )
-    snaps: list[RankSnapshot] = procs.snapshots(run)
+    snaps = remote.snapshots_on(hosts, run, ssh_args, python) if hosts else procs.snapshots(run)
+    where = ", ".join(hosts) if hosts else "this machine"
     if not snaps:
-        raise ConfigError("no torchrun worker runs on this machine (none has RANK and "
+        raise ConfigError(f"no torchrun worker runs on {where} (none has RANK and "
                           "TORCHELASTIC_RUN_ID in its environment)")  # fmt: skip
+    on = ", ".join(sorted({s.host for s in snaps}))
     title = (
-        f"torchrun job on {snaps[0].host}, without distnb's agent: {len(snaps)} of "
+        f"torchrun job on {on}, without distnb's agent: {len(snaps)} of "
         f"{snaps[0].world_size} ranks found"
     )
     return JobView(title, tuple(snaps), tuple(procs.stack_verdicts(snaps)), procs.NEEDS_AGENT)
