@@ -11,6 +11,9 @@ by the run folder, names rank 1 and both lines, with every rank's host and stack
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import time
 import uuid
@@ -145,9 +148,30 @@ def test_a_job_without_the_agent_is_read_on_its_hosts_over_ssh(lan: Lan, tmp_pat
         assert f"rank 1 runs outside any collective, at {train}:{CHECKPOINT} in main" in (
             view.verdicts
         )
+        shown = magic(lan, tmp_path, f"--no-agent --hosts {','.join(where)}")
+        assert [s.host for s in shown.snapshots] == [a.name, b.name]  # type: ignore[attr-defined]
+        assert f"verdict: rank 0 sits in all_reduce at {train}:{METRICS}" in repr(shown)
         with pytest.raises(ConfigError, match=r"could not read the ranks on root@198\.18\..* "
                            r"over ssh .*python=\.\.\. names its Python"):  # fmt: skip
             attach_processes(hosts=where[:1], ssh_args=lan.ssh_args, python="/opt/none/python")
     finally:
         jobs.end(lan, mark, clients)
         assert jobs.left(lan, mark) == []
+
+
+def magic(lan: Lan, tmp: Path, line: str) -> object:
+    """`%dist_attach LINE` in a real IPython shell, its ssh reaching the rehearsal hosts as a
+    user's ssh config would (the Lan's key and options, from an `ssh` first on PATH)."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    bin_ = tmp / "bin"
+    bin_.mkdir()
+    real = shutil.which("ssh")
+    (bin_ / "ssh").write_text(f'#!/bin/sh\nexec {real} {shlex.join(lan.ssh_args)} "$@"\n')
+    (bin_ / "ssh").chmod(0o755)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+        ip = start_ipython() or get_ipython()
+        ip.run_line_magic("load_ext", "distnb")
+        return ip.run_line_magic("dist_attach", line)
