@@ -7,8 +7,8 @@ memory without stopping it. What stacks alone allow is said (`stack_verdicts`): 
 in which collective at which line, and which run elsewhere. What needs the agent
 (`python -m distnb.run`): the collective's seq and shapes, which call a rank skipped, mismatches,
 circles across groups, stopping and looking inside. Other hosts are searched by running this
-search there, over ssh (`remote`). Python 3.14's `sys.remote_exec` could load the agent into a running
-process later; distnb does not depend on it.
+search there, over ssh (`remote`). Python 3.14's `sys.remote_exec` could load the agent into a
+running process later; distnb does not depend on it.
 """
 
 from __future__ import annotations
