@@ -31,6 +31,20 @@ def line_of(marker: str, script: Path = TRAIN) -> int:
     return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
+GRADS, METRICS = line_of("# the gradients"), line_of("# the metrics")
+CHECKPOINT = line_of("saving a checkpoint")
+# What the verdicts say of train.py's hang (`--hang`: rank 1 leaves the loop to save a
+# checkpoint while rank 0 waits at the metrics' all_reduce), wherever the job runs.
+LEFT_THE_LOOP = (
+    f'rank 1 runs at {TRAIN}:{CHECKPOINT} (time.sleep(3600)  # "saving a checkpoint") '
+    f"without calling all_reduce #15 on WORLD, which rank 0 waits at {TRAIN}:{METRICS}"
+)
+SKIPPED = (
+    f"rank 1 skipped all_reduce #7 at {TRAIN}:{METRICS} (rank 0 called it); rank 1's #7 "
+    f"was its call at {TRAIN}:{GRADS}"
+)
+
+
 class Job:
     """A running job: its launcher process, run folder and log."""
 

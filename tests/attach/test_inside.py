@@ -15,12 +15,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from distnb.magics import AttachMagics
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob
-from tests.attach.jobs import TRAIN, job, line_of
+from tests.attach.jobs import GRADS, TRAIN, job, line_of
 from tests.attach.test_attach import attached, settled
 
 pytestmark = pytest.mark.gloo
 
-GRADS = line_of("# the gradients")
 ALL = {r: AgentState.STOPPED for r in range(4)}
 
 
