@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import select
 import signal
 import sys
@@ -394,6 +395,24 @@ def test_a_launcher_that_cannot_start_engines_fails_fast(
     # named (at once, or at the 2 s register timeout), not waiting for the 60 s engine
     assert said in str(info.value) and time.monotonic() - started < 30
     assert not running(sorted(set(children_of_this_process()) - before))
+
+
+def test_engines_still_working_extend_the_wait_for_registration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Engines that work (import torch on a busy machine, in a 1-CPU container) are not
+    called stuck at the register timeout; those that then wait for nothing are, a timeout
+    after they stop working."""
+    work = "import time\nt = time.process_time()\nwhile time.process_time() - t < 2: pass\n"
+    engine_cmd = [sys.executable, "-c", work + "time.sleep(60)"]
+    monkeypatch.setattr(Local, "launcher_settings", lambda self: {"engine_cmd": engine_cmd})
+    with pytest.raises(SessionError, match="did not start") as info:
+        start_session(2, progress=False, register_timeout=1)
+    said = re.search(
+        r"0 of 2 engines registered in (\d+) s, the last 1 s without progress", str(info.value)
+    )
+    assert said is not None, str(info.value)
+    assert int(said.group(1)) >= 2  # each engine worked 2 s of CPU before it idled
 
 
 # An engine that starts short-lived helpers while it boots, as libraries do at import (a CUDA

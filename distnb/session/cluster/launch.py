@@ -38,6 +38,9 @@ __all__ = ["Cluster", "Ended"]
 # first beat (how many beats an engine may miss is its kind's: `EngineKind.heart_misses`).
 CONTROLLER_ARGS = ["--IPController.use_threads=True", "--HeartMonitor.period=100"]
 _TRACK_EVERY_S = 0.5  # while engines register: look for the processes they start
+_WORKING = 0.05  # of a core, over _JUDGE_EVERY_S: engines here still start (the wait goes on)
+_JUDGE_EVERY_S = 2.0
+_STRETCH = 5  # at most this many times the registration timeout, however long they work
 _CONNECT_S = 1.0  # a slice of the wait for the controller's first answer
 _LOCAL_COMMANDS = ("ssh_cmd", "scp_cmd")  # a launcher's commands that run on this machine
 
@@ -130,22 +133,33 @@ class Cluster:
     def wait_registered(self, on_progress: Callable[[str, int], None], timeout: float) -> Any:
         """A connected client, once every engine has registered with the controller.
 
-        Fails as soon as a launched process dies (with its output), and after `timeout`
-        seconds with the engines that did register and the launchers' output.
+        Fails as soon as a launched process dies (with its output), and once `timeout` seconds
+        have passed without progress, with the engines that did register and the launchers'
+        output. Progress is an engine registering, or the engines on this machine working (at
+        least `_WORKING` of a core: importing torch on a busy machine or in a 1-CPU container),
+        not waiting for what will not come; at most `_STRETCH` times `timeout` in all.
         """
-        deadline = time.monotonic() + timeout
+        start = tracked = judged = time.monotonic()
+        deadline = start + timeout
+        cpu, registered, queued = self.members.engines_cpu_seconds(), 0, ""
         self.client = self._connect(deadline)
         future = self.client.wait_for_engines(self.n, block=False, interactive=False)
-        tracked, queued = time.monotonic(), ""  # queued: how a batch job stands, if it waits
         while not future.done():
-            _registered(on_progress, self.client.ids, queued)
-            if time.monotonic() - tracked >= _TRACK_EVERY_S:
+            _registered(on_progress, self.client.ids, queued)  # queued: a batch job's state
+            now = time.monotonic()
+            if now - tracked >= _TRACK_EVERY_S:
                 self.members.track()
                 queued = self.kind.queued(list(self.ipp.engines.values()))
-                tracked = time.monotonic()
+                tracked = now
+            if now - judged >= _JUDGE_EVERY_S or (now >= deadline and now - judged >= 1.0):
+                spent = self.members.engines_cpu_seconds()
+                working = spent - cpu >= _WORKING * (now - judged)
+                if working or len(self.client.ids) > registered:
+                    deadline = min(now + timeout, start + _STRETCH * timeout)
+                cpu, registered, judged = spent, len(self.client.ids), now
             self.members.raise_if_launcher_died()
             if time.monotonic() >= deadline:
-                raise RuntimeError(self._not_registered(timeout, queued))
+                raise RuntimeError(self._not_registered(timeout, time.monotonic() - start, queued))
             concurrent.futures.wait([future], timeout=0.05)
         future.result()
         _registered(on_progress, self.client.ids)
@@ -184,10 +198,11 @@ class Cluster:
             raise RuntimeError(f"{describe(gone)} {self.members.how_died(gone.pid)}")
         return False
 
-    def _not_registered(self, timeout: float, queued: str) -> str:
+    def _not_registered(self, timeout: float, waited: float, queued: str) -> str:
         ids = sorted(self.client.ids)
+        idle = f", the last {timeout:g} s without progress" if waited > timeout + 1 else ""
         return (
-            f"{len(ids)} of {self.n} engines registered within {timeout:g} s "
+            f"{len(ids)} of {self.n} engines registered in {waited:.0f} s{idle} "
             f"(registered: {', '.join(map(str, ids)) or 'none'}{'; ' * bool(queued)}{queued}); "
             "a slow machine or batch queue may need longer (distnb.start(register_timeout="
             "...)). The launchers' output:\n"

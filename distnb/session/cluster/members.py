@@ -208,6 +208,17 @@ class Members:
         """Every process of this cluster still running."""
         return [p for p in self._procs.values() if processes.alive(p)]
 
+    def engines_cpu_seconds(self) -> float:
+        """The CPU time the engines on this machine (not the controller, whose heartbeat never
+        stops) have used so far."""
+        total = 0.0
+        for pid, member in list(self._members.items()):
+            if member.role in (Role.ENGINE, Role.LAUNCHER):
+                with contextlib.suppress(psutil.Error):
+                    times = self._procs[pid].cpu_times()
+                    total += times.user + times.system
+        return total
+
     def close(self) -> None:
         self._exits.close()
 
