@@ -54,6 +54,9 @@ DEBUGGER = "08-step-into-a-rank.ipynb"
 CHROMIUM = Path(os.environ.get("DISTNB_CHROMIUM", "/usr/bin/chromium"))
 
 
+# "Named rather than hanging" for what a page waits for (a render, a prompt, a cell's output):
+# Chromium, JupyterLab, the kernel and its ranks share 2 cores, beside other test runs.
+WAIT_MS = 90_000
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--headless",
@@ -138,11 +141,11 @@ def page(chromium: str) -> Iterator[Any]:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=chromium, args=CHROMIUM_ARGS, timeout=60_000
+            executable_path=chromium, args=CHROMIUM_ARGS, timeout=WAIT_MS
         )
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(30_000)
+            page.set_default_timeout(WAIT_MS)
             yield page
         finally:
             browser.close()
@@ -261,7 +264,7 @@ LAST_PROMPT = (
 
 def run_all_cells(page: Any, lab: Lab, name: str, wait: bool = True) -> None:
     """Open notebook `name`, run *Run > Run All Cells* and wait until its last cell has run."""
-    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}", timeout=60_000)
+    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}", timeout=WAIT_MS)
     wait_for_kernel_idle(page)
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
@@ -271,7 +274,7 @@ def run_all_cells(page: Any, lab: Lab, name: str, wait: bool = True) -> None:
 
 def wait_for_kernel_idle(page: Any) -> None:
     """The notebook's kernel has started: the status bar reads "Python 3 (ipykernel) | Idle"."""
-    page.wait_for_function(f"() => /\\| Idle/.test({STATUS_BAR})", timeout=60_000)
+    page.wait_for_function(f"() => /\\| Idle/.test({STATUS_BAR})", timeout=WAIT_MS)
 
 
 def wait_until_last_cell_ran(page: Any) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.browser.lab import REPO, Lab, cell, output_text, wait_for_kernel_idle
+from tests.browser.lab import REPO, WAIT_MS, Lab, cell, output_text, wait_for_kernel_idle
 from tests.browser.test_visual_debugger import ran, run_cell
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
@@ -51,7 +51,7 @@ def open_notebook(lab: Lab, page: Any) -> None:
     spec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["kernelspec"] = spec
     nbformat.write(nb, lab.root / NAME)
-    page.goto(f"{lab.url}/lab/tree/{NAME}?reset&token={lab.token}", timeout=60_000)
+    page.goto(f"{lab.url}/lab/tree/{NAME}?reset&token={lab.token}", timeout=WAIT_MS)
     wait_for_kernel_idle(page)
 
 

@@ -30,6 +30,7 @@ from tests.browser.lab import (
     DEBUGGER,
     NOTEBOOK,
     TIMELINES,
+    WAIT_MS,
     Lab,
     assert_in_order,
     cell,
@@ -47,7 +48,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 def test_quickstart_renders_rank_output_errors_and_widgets(lab: Lab, page: Any) -> None:
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=30_000)  # the default 5 s is short for a loaded 2-core machine
+    expect.set_options(timeout=WAIT_MS)  # the default 5 s is short for a loaded 2-core machine
     index = cell_indices(NOTEBOOK)
     try:
         run_all_cells(page, lab, NOTEBOOK)
@@ -91,7 +92,7 @@ def test_quickstart_renders_rank_output_errors_and_widgets(lab: Lab, page: Any) 
 def test_timelines_render_as_widgets_with_their_drawing(lab: Lab, page: Any) -> None:
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=30_000)
+    expect.set_options(timeout=WAIT_MS)
     index = cell_indices(TIMELINES)
     try:
         run_all_cells(page, lab, TIMELINES)
@@ -139,7 +140,7 @@ def test_a_ranks_debugger_prompts_in_the_input_box(lab: Lab, page: Any) -> None:
 
     from tests.notebooks.runner import ANSWERS
 
-    expect.set_options(timeout=30_000)
+    expect.set_options(timeout=WAIT_MS)
     index = cell_indices(DEBUGGER)
     try:
         run_all_cells(page, lab, DEBUGGER, wait=False)
@@ -154,7 +155,7 @@ def test_a_ranks_debugger_prompts_in_the_input_box(lab: Lab, page: Any) -> None:
                 before = len(typed.findall(output_text(area)))
                 field.fill(answer)
                 field.press("Enter")
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + WAIT_MS / 1000
                 while len(typed.findall(output_text(area))) == before:
                     assert time.monotonic() < deadline, output_text(area)
                     page.wait_for_timeout(50)

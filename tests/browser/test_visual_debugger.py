@@ -14,6 +14,7 @@ import pytest
 
 from tests.browser.lab import (
     ARTIFACTS,
+    WAIT_MS,
     Lab,
     cell,
     output_text,
@@ -48,7 +49,7 @@ def ran(page: Any, index: int, timeout: float = 120) -> None:
 def test_a_gutter_breakpoint_stops_the_ranks_in_jupyterlabs_debugger(lab: Lab, page: Any) -> None:
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=60_000)
+    expect.set_options(timeout=WAIT_MS)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {
         "name": "python3",
@@ -56,7 +57,7 @@ def test_a_gutter_breakpoint_stops_the_ranks_in_jupyterlabs_debugger(lab: Lab, p
         "language": "python",
     }
     nbformat.write(nb, lab.root / NAME)
-    page.goto(f"{lab.url}/lab/tree/{NAME}?reset&token={lab.token}", timeout=60_000)
+    page.goto(f"{lab.url}/lab/tree/{NAME}?reset&token={lab.token}", timeout=WAIT_MS)
     wait_for_kernel_idle(page)
     try:
         run_cell(page, 0)
