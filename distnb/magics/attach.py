@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from distnb.errors import ConfigError, SessionError
 from distnb.magics.args import parse, rank_list
+from distnb.ranklist import format_ranks
 
 __all__ = ["AttachMagics"]
 
@@ -36,6 +37,7 @@ class AttachMagics(Magics):
     @argument("--break", dest="where", default=None, help="a breakpoint at FILE:LINE")
     @argument("--if", dest="cond", default=None, help="--break: only where this is true")
     @argument("--debug", action="store_true", help="answer the stopped ranks' debugger here")
+    @argument("--panel", action="store_true", help="the stopped ranks in JupyterLab's debugger")
     @argument("--timeline", action="store_true", help="the last collectives on a timeline")
     @argument("--shapes", nargs="*", default=None, help="stopped ranks: shape table [of NAMES]")
     @argument("--diff", nargs="+", default=None, help="stopped ranks: compare replicas of NAMES")
@@ -48,6 +50,7 @@ class AttachMagics(Magics):
         """Attach to a job distnb did not start (`python -m distnb.run ... train.py`):
         `%dist_attach [RUN]` shows each rank's state, the verdicts and the live stacks;
         `--stop [--at step] [--ranks 0]`, `--break train.py:52 [--if COND]`, `--debug`,
+        `--panel` (the stopped ranks in JupyterLab's debugger panel),
         `--timeline`, `--resume`, `--detach`; on stopped ranks, as `%dist_shapes`,
         `%dist_diff` and `%dist_overflow` on distnb's own: `--shapes [NAME ...]`,
         `--diff NAME ...`, `--overflow NAME`, `--overflow-report`. `--no-agent`: a plain
@@ -72,6 +75,9 @@ class AttachMagics(Magics):
                 job.stop(ranks, at=args.at)
             if args.debug:
                 return job.debug()
+            if args.panel:
+                shown = format_ranks(job.panel())
+                return print(f"distnb: JupyterLab's debugger panel shows {shown}")
             inside = self._inside(job, args, ranks)
             if inside is not None or args.stop or args.where or args.overflow or args.resume:
                 return inside

@@ -11,9 +11,9 @@ inside it), so a request is noted here and carried out where the main thread pas
 There a rank stops in the debugger (`stop`), is held until the stopped peers go on (`hold`: a
 held rank waits before its collective, not inside it), or starts tracing for breakpoints set
 from the notebook (file, line, condition: pdb's breakpoints, on the main thread only). `detach`
-clears all of it, overflow watches started from the notebook included (removed at the next safe
-point, where the model runs). Holds and prompts end by themselves when the notebook's lease
-runs out.
+clears all of it, overflow watches started from the notebook and the panel's debugpy tracing
+included (ended at the next safe point, on the main thread). Holds and prompts end by themselves
+when the notebook's lease runs out.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from distnb.rank.agent import frames
+from distnb.rank.agent import frames, panel
 from distnb.rank.agent.stopped import AgentAsker, AgentPdb, Lease
 from distnb.records.attach import AgentState
 
@@ -49,10 +49,14 @@ class Control:
         self._release.set()
         self._debugger: AgentPdb | None = None
         self._unwatch = False  # overflow watches to remove on the main thread (after detach)
+        self._untrace = False  # debugpy's tracing to end on the main thread (after detach)
 
     @property
     def armed(self) -> bool:
-        return bool(self.stop_at or self.breaks or self._unwatch or not self._release.is_set())
+        return bool(
+            self.stop_at or self.breaks or self._unwatch or self._untrace
+            or not self._release.is_set()
+        )  # fmt: skip
 
     # --- from the serving thread --------------------------------------------------------------
 
@@ -83,6 +87,10 @@ class Control:
         if frames.watching():  # hooks on the model: removed where the model runs
             self._unwatch = True
             self._arm()
+        if "pydevd" in sys.modules:  # the panel was used: debugpy traces no more
+            panel.untrace()  # this thread's; the main thread's at its next safe point
+            self._untrace = True
+            self._arm()
 
     def _arm(self) -> None:
         self.agent.tape.gate = self._gate
@@ -100,6 +108,9 @@ class Control:
         if self._unwatch:
             self._unwatch = False
             frames.unwatch()
+        if self._untrace:
+            self._untrace = False
+            panel.untrace()
         frame = user_frame(sys._getframe(2))
         if frame is None:
             if not self.armed:

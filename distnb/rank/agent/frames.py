@@ -6,7 +6,8 @@ globals) instead of a cell's namespace.
 A stopped rank of an attached job runs these on its main thread, in the debugger
 (`stopped.AgentPdb`, answer `CALL`): the one place where the job's objects may be read without
 racing its training loop. Overflow watches started here stay on when the rank goes on (they see
-its next steps); `detach` removes them, so a detached job runs as it would have.
+its next steps); `detach` removes them, so a detached job runs as it would have. One request
+needs no names: `listen` starts the rank's debugpy for JupyterLab's panel (`panel`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def call(request: Mapping[str, Any], names: Mapping[str, Any], rank: int) -> Any
         overflow.attach(name, lookup(names, name), WatchOptions.from_dict(request["options"]))
         _watched.add(name)
         return None
+    if fn == "listen":  # JupyterLab's panel: debugpy, started only now
+        from distnb.rank.agent.panel import listen
+
+        return listen()
     if fn == "overflow_report":
         from distnb.rank import overflow
 

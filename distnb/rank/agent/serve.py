@@ -13,7 +13,8 @@ Requests (JSON, `{"op": ..., ...}`):
 - `stop` (`at`: `collective` or `step`), `hold`, `release`, `break` (`file`, `line`, `cond`),
   `detach`:
   noted for the main thread (`control`). A breakpoint's file and line are checked here, so a
-  wrong one is refused at once with what is there.
+  wrong one is refused at once with what is there; the file found is the reply (with `check`,
+  the breakpoint is only checked: JupyterLab's panel sets it in the rank's debugpy).
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ class Server(threading.Thread):
             cond = request.get("cond") or None
             file, line = find_file(str(request["file"])), int(request["line"])
             check_line(file, line)
-            control.add_break(file, line, cond)
+            if not request.get("check"):  # `check`: the panel sets it, in debugpy
+                control.add_break(file, line, cond)
+            return file
         elif op == "detach":
             control.detach()
         else:

@@ -10,7 +10,8 @@ pdb's commands, the user's frames only) with what an attached job needs besides:
   shows its output (an `%%allranks` cell on stopped ranks); `CALL` + a JSON request answers it
   with a record over the frame's names (`frames`: shapes, replica digests, the overflow tracer)
   under `keys.agent_result`; `DETACH` clears every breakpoint and overflow watch started from
-  the notebook and lets the rank run on as if it had never stopped;
+  the notebook and lets the rank run on as if it had never stopped; `PANEL` hands the rank to
+  JupyterLab's debugger panel (`panel`: it suspends in debugpy where it is stopped);
 - the wait for an answer watches the notebook's lease (`Lease`): when it stops moving for
   `LEASE_S`, or the store is gone, the answer is `DETACH`. A notebook that dies leaves the job
   running.
@@ -28,15 +29,16 @@ from typing import Any
 from torch.distributed import DistStoreError
 
 from distnb import keys
-from distnb.rank.agent import frames
+from distnb.rank.agent import frames, panel
 from distnb.rank.debug.ask import Asker
 from distnb.rank.debug.debugger import RankPdb
 
-__all__ = ["CALL", "DETACH", "LEASE_S", "RUN", "AgentAsker", "AgentPdb", "Lease", "Out"]
+__all__ = ["CALL", "DETACH", "LEASE_S", "PANEL", "RUN", "AgentAsker", "AgentPdb", "Lease", "Out"]
 
 RUN = "\0run "  # then code: run it in the stopped frame
 CALL = "\0call "  # then a JSON request (`frames.call`; its `reply` numbers the result's key)
 DETACH = "\0detach"  # clear breakpoints and run on
+PANEL = "\0panel"  # suspend in debugpy, for JupyterLab's panel (`panel.suspend`)
 LEASE_S = 10.0  # a notebook silent this long is gone
 _SLICE = timedelta(milliseconds=100)
 
@@ -123,11 +125,14 @@ class AgentPdb(RankPdb):
         self.detached = False
         self.on_stop: Any = None  # called with (stopped: bool, where: str) around each prompt
         self.header = ""  # said once, before the next prompt
+        self.handed = False  # the rank was handed to the panel in this trace event
+        self._frame: Any = None  # the frame the rank stopped in
 
     def interaction(self, frame: Any, tb: Any) -> None:
         saved = sys.stdout, sys.stderr, self.stdout
         sys.stdout = sys.stderr = self.stdout = self.out  # type: ignore[assignment]
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+        self._frame, self.handed = frame, False
         if self.on_stop is not None:
             self.on_stop(True, where)
         if self.header:
@@ -145,6 +150,9 @@ class AgentPdb(RankPdb):
         if line == DETACH:
             self.detach()
             return True
+        if line == PANEL:
+            self.to_panel()
+            return True
         if line.startswith(RUN):
             self._run(line[len(RUN) :])
             return False
@@ -159,13 +167,26 @@ class AgentPdb(RankPdb):
         self.set_continue()
         sys.settrace(None)
 
+    def to_panel(self) -> None:
+        """pdb lets go (its breakpoints were copied to the panel by the notebook) and the rank
+        suspends in debugpy where it stopped, until the panel lets it go on."""
+        self.clear_all_breaks()
+        self.set_continue()  # no breakpoints: pdb's tracing ends
+        self.handed = True
+        self.out.flush()
+        panel.suspend(self._frame, self.on_stop)
+
     def trace_dispatch(self, frame: Any, event: str, arg: Any) -> Any:
         __tracebackhide__ = True
         if self.detached:
             self.detached = False
             self.detach()
             return None
-        return super().trace_dispatch(frame, event, arg)
+        found = super().trace_dispatch(frame, event, arg)
+        if self.handed:  # None keeps the frame's tracer debugpy's: `next` stops in it
+            self.handed = False
+            return None
+        return found
 
     def _call(self, body: str) -> None:
         """Answer a `CALL` with a record over the current frame's names (see `frames`)."""

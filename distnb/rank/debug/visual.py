@@ -24,7 +24,7 @@ from typing import Any
 from distnb import keys
 from distnb.rank.debug.stops import stopped
 
-__all__ = ["connected", "listen", "name_cell", "stop_here", "trace_cells"]
+__all__ = ["connected", "listen", "name_cell", "stop_here", "suspend_at", "trace_cells"]
 
 _address: tuple[str, int] | None = None
 
@@ -131,3 +131,24 @@ def stop_here(frame: FrameType) -> None:
         import debugpy
 
         debugpy.breakpoint()
+
+
+def suspend_at(frame: FrameType) -> None:
+    """Suspend this thread in the visual debugger at `frame`'s current line, from a function
+    `frame` called (a stopped rank of an attached job handed to the panel, `distnb.rank.agent`),
+    and return once the frontend lets it go on. `stop_here` would stop at `frame`'s *next*
+    line (a step over from there): the rank would first run the call it is stopped in, a
+    collective perhaps. From then on debugpy traces `frame` and its callers: `next` stops at
+    the frame's next line."""
+    import threading
+
+    from debugpy.server import api  # loads debugpy's own copy of pydevd
+
+    api._settrace(suspend=False, trace_only_current_thread=True,  # type: ignore[no-untyped-call]
+                  patch_multiprocessing=False)  # fmt: skip
+    py_db = sys.modules["pydevd"].get_global_debugger()
+    set_break = sys.modules["_pydevd_bundle.pydevd_comm_constants"].CMD_SET_BREAK
+    thread = threading.current_thread()
+    py_db.set_trace_for_frame_and_parents(thread.ident, frame)
+    py_db.set_suspend(thread, set_break)
+    py_db.do_wait_suspend(thread, frame, "line", None)

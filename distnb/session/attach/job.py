@@ -8,8 +8,8 @@ this machine.
 
 Driving (`stop`, `breakpoint`, `debug`, `run`, `detach`) goes through the agents' control
 (`distnb.rank.agent.control`): stopped ranks' prompts are served by the text debugger's desk,
-peers are held before their next collective while a rank is stopped, and `detach` lets every
-rank go on exactly as it would have.
+or handed to JupyterLab's debugger panel (`panel`), peers are held before their next collective
+while a rank is stopped, and `detach` lets every rank go on exactly as it would have.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from distnb.records.attach import AgentState, RankSnapshot
 from distnb.records.collective import CollectiveEvent, Fingerprint
 from distnb.session.attach import inside, verdict
 from distnb.session.attach.link import Link
+from distnb.session.attach.panel import JobPanel, relay
 from distnb.session.attach.procs import pyspy_stack
 from distnb.session.attach.prompts import JobPrompts
 from distnb.views.attach import JobView
@@ -45,6 +46,9 @@ class AttachedJob:
         self.ranks = list(range(world_size))
         self.prompts = JobPrompts(link.store, self.ranks)
         self.attached = True
+        # breakpoints set from the notebook, per rank: file found there -> as DAP writes them
+        self.breaks: dict[int, dict[str, list[dict[str, Any]]]] = {}
+        self.visual: JobPanel | None = None  # JupyterLab's panel on the ranks
 
     def __repr__(self) -> str:
         e = self.link.endpoint
@@ -146,13 +150,37 @@ class AttachedJob:
     ) -> None:
         """A breakpoint at `file:line` (a path, or the end of one: `train.py:52`) on `ranks`
         (default: all), with an optional condition; it takes effect at the rank's next
-        collective or step. A file or line the rank does not have is refused, with why."""
+        collective or step (at once on a rank in JupyterLab's panel, `panel`). A file or line
+        the rank does not have is refused, with why."""
         file, _, line = where.rpartition(":")
         if not file or not line.isdigit():
             raise ConfigError(f"a breakpoint is FILE:LINE, e.g. train.py:52, not {where!r}")
         self.link.start_lease()
         request = {"op": "break", "file": file, "line": int(line), "cond": cond or ""}
-        self._ask(request, self.pick(ranks))
+        chosen = self.pick(ranks)
+        shown = [r for r in chosen if self.visual is not None and self.visual.connected(r)]
+        found = self._ask(request, [r for r in chosen if r not in shown])
+        found |= self._ask({**request, "check": True}, shown)  # the panel's: set in debugpy
+        mark = {"line": int(line), **({"condition": cond} if cond else {})}
+        for rank, reply in found.items():
+            lines = self.breaks.setdefault(rank, {}).setdefault(reply["ok"], [])
+            lines.append(mark)
+            if rank in shown and self.visual is not None:
+                self.visual.set_breaks(rank, reply["ok"], lines)
+
+    def panel(self, wait_s: float = 30.0) -> list[int]:
+        """Show the stopped ranks in JupyterLab's debugger panel (switched on with its bug icon):
+        each a thread `rank N`, with its stack, scopes and variables; `next`, `step` and
+        `continue` go to that rank, and the ranks not stopped are held before their next
+        collective meanwhile. Breakpoints set from the notebook stop ranks in the panel from
+        then on. Waits up to `wait_s` for a rank to stop; returns the ranks shown.
+
+        >>> job.breakpoint("train.py:52"); job.panel()
+        """
+        to = relay()
+        if self.visual is None:
+            self.visual = JobPanel(self, to)
+        return self.visual.show(self.breaks, wait_s)
 
     def debug(self, wait_s: float = 60.0) -> None:
         """Serve the stopped ranks' debugger prompts here (pdb's commands; `ranks`, `rank N`)
@@ -193,6 +221,8 @@ class AttachedJob:
         for rank in self.pick(ranks):
             if rank in asked:
                 self.prompts.answer(asked[rank].n, "c")
+        if self.visual is not None:
+            self.visual.resume(self.pick(ranks))
         self._ask({"op": "release"}, None)
 
     # looking inside stopped ranks (`inside`): code in their frames, shapes, replicas, overflow
@@ -210,6 +240,10 @@ class AttachedJob:
         self._ask({"op": "detach"}, None)
         for request in self.prompts.asks():
             self.prompts.answer(request.n, DETACH)
+        if self.visual is not None:  # last: ranks in the panel go on, the job may end at once
+            self.visual.close()
+            self.visual = None
+        self.breaks.clear()
         self.link.close()
         self.attached = False
 

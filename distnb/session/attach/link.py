@@ -46,6 +46,11 @@ class Link:
         self._stop = threading.Event()
         self._lease: threading.Thread | None = None
 
+    def twin(self) -> Link:
+        """Another link to the same job: requests from another thread, on a connection of its
+        own."""
+        return Link(self.endpoint, self._secret.hex())
+
     def client(self) -> Any:
         import torch.distributed as dist
 

@@ -20,7 +20,7 @@ from distnb.session.control import ControlPlane
 from distnb.session.debugger.dap import DapClient, DapError, Message
 from distnb.session.debugger.ids import encode
 
-__all__ = ["connect", "set_breakpoints", "threads"]
+__all__ = ["connect", "ready", "set_breakpoints", "threads"]
 
 READY_S = 60.0  # a rank's first start of its adapter imports pydevd: seconds on a busy machine
 
@@ -39,15 +39,27 @@ def connect(
 
     host, port, not_mine = view.apply_sync(listen)
     sock = _socket(info, view, control, host, port)
-    ready = threading.Event()
+    return ready(sock, f"rank {info.rank}", not_mine, breakpoints, on_event)
+
+
+def ready(
+    sock: socket.socket,
+    name: str,
+    not_mine: Sequence[str],
+    breakpoints: Mapping[str, Sequence[Message]],
+    on_event: Callable[[Message], None],
+) -> DapClient:
+    """A client on `sock` (connected to a rank's adapter), initialized and attached as a
+    frontend would, stepping past the folders `not_mine`, with `breakpoints` set."""
+    initialized = threading.Event()
 
     def event(message: Message) -> None:
         if message.get("event") == "initialized":
-            ready.set()
+            initialized.set()
         else:
             on_event(message)
 
-    client = DapClient(sock, event, name=f"rank {info.rank}")
+    client = DapClient(sock, event, name=name)
     client.request(
         "initialize",
         {"clientID": "distnb", "adapterID": "python", "pathFormat": "path",
@@ -55,9 +67,9 @@ def connect(
     )  # fmt: skip
     rules = [{"path": folder, "include": False} for folder in not_mine]
     client.send_request("attach", {"justMyCode": True, "rules": rules, "subProcess": False})
-    if not ready.wait(READY_S):
+    if not initialized.wait(READY_S):
         client.close()
-        raise DapError(f"rank {info.rank}'s debugger did not get ready within {READY_S:g} s")
+        raise DapError(f"{name}'s debugger did not get ready within {READY_S:g} s")
     for path, set_here in breakpoints.items():
         client.request("setBreakpoints", {"source": {"path": path}, "breakpoints": list(set_here)})
     client.request("configurationDone")

@@ -300,14 +300,14 @@ class VisualDebugger:
             try:
                 self.clients[info.rank] = links.connect(
                     info, cluster.view(info.engine_id), control, self.breakpoints,
-                    partial(self._on_event, info.rank),
+                    partial(self.on_event, info.rank),
                 )  # fmt: skip
             except (DapError, OSError) as exc:  # the cell runs; this rank just does not stop
                 self.clients.pop(info.rank, None)
                 print(f"distnb: JupyterLab's debugger cannot reach rank {info.rank}: {exc}",
                       file=sys.stderr)  # fmt: skip
 
-    def _on_event(self, rank: int, event: Message) -> None:
+    def on_event(self, rank: int, event: Message) -> None:
         name = event.get("event")
         body = dict(event.get("body") or {})
         if name == "stopped" and "threadId" in body:
