@@ -1,18 +1,22 @@
 """JupyterLab's debugger panel on the stopped ranks of a real torchrun job, attached from a real
 kernel: the debug requests sent as JupyterLab sends them (`debug_request` on the control
 channel, `debug_event`s on iopub), a rank stepped and continued in the panel, the other
-resumed by detach, and the job's result the same as a run never attached."""
+resumed by detach; a peer held while a rank is stopped in the panel, a breakpoint set from
+then on stopping it there, and a kernel killed meanwhile; each job's result the same as a run
+never attached."""
 
 from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.attach.jobs import TRAIN, job, line_of
+from tests.attach.jobs import TRAIN, Job, job, line_of
 from tests.kernel_driver import ANSI, Frontend, frontend
 from tests.session.test_visual_debugger import Dap, names, variables
 
@@ -20,6 +24,47 @@ pytestmark = [pytest.mark.gloo, pytest.mark.notebook]
 
 BEFORE = line_of("flat = grads_of(model)")  # the line before the gradients' all_reduce
 GRADS = line_of("# the gradients")
+METRICS = line_of("# the metrics")
+STEPS = "5"
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Each rank's final loss (all its bits) in the same job never attached."""
+    tmp = tmp_path_factory.mktemp("plain")
+    with job(tmp, "wait", STEPS=STEPS, agent=False) as plain:
+        finals = plain.finals()
+    assert len(finals) == 2
+    return finals
+
+
+@contextmanager
+def attached(tmp_path: Path) -> Iterator[tuple[Job, Panel]]:
+    """A job waiting for READY before each step, attached as `job` in a real kernel (also the
+    job of its `%dist_attach`), and the kernel's debugger spoken to as JupyterLab does."""
+    ready = tmp_path / "READY"
+    with job(tmp_path, "wait", STEPS=STEPS, READY=str(ready)) as jb, frontend() as fe:
+        deadline = time.monotonic() + 120
+        while not (jb.folder / "endpoint.json").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        dap = Panel(fe)
+        status, text = dap.run(
+            f"%load_ext distnb\nimport distnb\njob = distnb.attach({str(jb.folder)!r}, "
+            "timeout=120)\nget_ipython().magics_manager.registry['AttachMagics'].job = job"
+        )
+        assert status == "ok", text
+        yield jb, dap
+
+
+def settled(dap: Panel, *states: str) -> None:
+    """Wait in the kernel until the ranks' states are `states`."""
+    status, text = dap.run(
+        f"deadline = time.monotonic() + 120\nwhile [s.state.value for s in job.snapshots()] "
+        f"!= {list(states)!r}:\n    assert time.monotonic() < deadline, job.snapshots()\n"
+        "    time.sleep(0.2)"
+    )
+    assert status == "ok", text
 
 
 class Panel(Dap):
@@ -74,30 +119,18 @@ def top(dap: Panel, thread: int) -> dict[str, Any]:
 
 
 def test_the_panel_steps_and_continues_attached_ranks_and_the_job_ends_as_unattached(
-    tmp_path: Path,
+    tmp_path: Path, expected: dict[int, str]
 ) -> None:
-    ready = tmp_path / "READY"
-    ready.touch()
-    with job(tmp_path, "wait", STEPS="5", READY=str(ready), agent=False) as plain:
-        expected = plain.finals()
-    ready.unlink()
-    with job(tmp_path, "wait", STEPS="5", READY=str(ready)) as jb, frontend() as fe:
-        deadline = time.monotonic() + 120
-        while not (jb.folder / "endpoint.json").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        dap = Panel(fe)
-        status, text = dap.run(
-            f"%load_ext distnb\nimport distnb\njob = distnb.attach({str(jb.folder)!r}, "
-            f"timeout=120)\njob.breakpoint('{TRAIN.name}:{BEFORE}', cond='step == 2')\n"
-            "get_ipython().magics_manager.registry['AttachMagics'].job = job"
-        )
+    with attached(tmp_path) as (jb, dap):
+        status, text = dap.run(f"import time\njob.breakpoint('{TRAIN.name}:{BEFORE}', "
+                               "cond='step == 2')")  # fmt: skip
         assert status == "ok", text
-        ready.touch()
-        status, text = dap.run(WAIT_STOPPED)
-        assert status == "ok", text
+        (tmp_path / "READY").touch()
+        settled(dap, "stopped", "stopped")
         status, text = dap.run("%dist_attach --panel")  # the debugger is off: how to switch on
         assert status == "error" and "switch it on (the bug icon" in text, text
+        status, text = dap.run("_ = job.run(\"'pydevd' in __import__('sys').modules\")")
+        assert "[rank 0] False" in text and "[rank 1] False" in text, text  # only when asked
         switch_on(dap)
         status, text = dap.run("%dist_attach --panel")
         assert status == "ok" and "JupyterLab's debugger panel shows ranks 0-1" in text, text
@@ -130,14 +163,33 @@ def test_the_panel_steps_and_continues_attached_ranks_and_the_job_ends_as_unatta
 
         status, text = dap.run("job.detach()")  # resumes the other rank too
         assert status == "ok", text
-        assert jb.finals() == expected and len(expected) == 2
+        assert jb.finals() == expected
 
 
-WAIT_STOPPED = """
-import time
-from distnb.records.attach import AgentState
-deadline = time.monotonic() + 120
-while not all(s.state is AgentState.STOPPED for s in job.snapshots()):
-    assert time.monotonic() < deadline, job.snapshots()
-    time.sleep(0.2)
-"""
+def test_a_peer_is_held_a_new_breakpoint_stops_in_the_panel_and_a_dead_kernel_lets_go(
+    tmp_path: Path, expected: dict[int, str]
+) -> None:
+    with attached(tmp_path) as (jb, dap):
+        status, text = dap.run("import time\njob.stop([0])")  # rank 1 held meanwhile
+        assert status == "ok", text
+        (tmp_path / "READY").touch()
+        settled(dap, "stopped", "held")
+        switch_on(dap)
+        status, text = dap.run("print(job.panel())")
+        assert status == "ok" and "[0]" in text, text
+        shown = dap.event("stopped")["threadId"]
+        assert names(dap)[shown] == "rank 0"
+        assert top(dap, shown)["line"] == GRADS  # stopped before its all_reduce
+        settled(dap, "stopped", "held")
+
+        status, text = dap.run(f"job.breakpoint('{TRAIN.name}:{METRICS}', ranks=[0])")
+        assert status == "ok", text  # set in rank 0's debugpy, at once
+        dap.body("continue", threadId=shown)  # the all_reduce needs rank 1: released
+        shown = dap.event("stopped")["threadId"]
+        assert names(dap)[shown] == "rank 0"
+        frame = top(dap, shown)
+        assert frame["line"] == METRICS
+        assert variables(dap, frame["id"])["step"]["value"] == "0"
+
+        dap.fe.km.shutdown_kernel(now=True)  # the notebook dies with rank 0 in the panel
+        assert jb.finals() == expected  # debugpy let it go; the hold ended with the lease
