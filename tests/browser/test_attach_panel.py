@@ -36,7 +36,15 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=SHOTS / f"attach-{name}.png")
 
 
-@pytest.mark.usefixtures("chromium")  # first: skip before starting JupyterLab
+@pytest.fixture
+def dap_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frontend's debug requests, written by the kernel (`DISTNB_DAP_LOG`), for a failure."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "attach-dap.log").unlink(missing_ok=True)
+    monkeypatch.setenv("DISTNB_DAP_LOG", str(SHOTS / "attach-dap.log"))
+
+
+@pytest.mark.usefixtures("chromium", "dap_log")  # first: skip before starting JupyterLab
 def test_attached_ranks_in_jupyterlabs_debugger_panel(tmp_path: Any, lab: Lab, page: Any) -> None:
     from playwright.sync_api import expect
 
@@ -94,6 +102,7 @@ def test_attached_ranks_in_jupyterlabs_debugger_panel(tmp_path: Any, lab: Lab, p
             page.locator('[title^="Continue ("]').first.click()
             expect(frames.first).to_contain_text(f"[rank {1 - shown}] main")
             expect(frames.first).to_contain_text(f"{TRAIN.name}:{BEFORE}")
+            expect(variables).to_contain_text(re.compile(r"flat:?\s*Tensor float32\[9\] cpu"))
             shot(page, "other-rank")
 
             page.locator(".lm-TabBar-tab", has_text=NAME).first.click()  # back from train.py
