@@ -170,11 +170,13 @@ def test_a_peer_is_held_a_new_breakpoint_stops_in_the_panel_and_a_dead_kernel_le
     tmp_path: Path, expected: dict[int, str]
 ) -> None:
     with attached(tmp_path) as (jb, dap):
+        switch_on(dap)
+        status, text = dap.run("job.panel(wait_s=1)")  # before any rank stopped: said so
+        assert status == "error" and "no rank is stopped: stop ranks first" in text, text
         status, text = dap.run("import time\njob.stop([0])")  # rank 1 held meanwhile
         assert status == "ok", text
         (tmp_path / "READY").touch()
         settled(dap, "stopped", "held")
-        switch_on(dap)
         status, text = dap.run("print(job.panel())")
         assert status == "ok" and "[0]" in text, text
         shown = dap.event("stopped")["threadId"]

@@ -43,9 +43,9 @@ def stopped(
     targets = [r for r in job.ranks if r in asked] if ranks is None else job.pick(ranks)
     missing = [r for r in targets if r not in asked]
     if not targets or missing:
-        who = f"rank {', '.join(map(str, missing))} is" if missing else "no rank is"
+        who = f"rank {', '.join(map(str, missing))} is not" if missing else "no rank is"
         raise SessionError(
-            f"{who} not stopped: stop ranks first (job.stop(), %dist_attach --stop), then wait "
+            f"{who} stopped: stop ranks first (job.stop(), %dist_attach --stop), then wait "
             "for them to reach their next collective"
         )
     return {r: asked[r] for r in targets}
