@@ -21,6 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distnb import keys
 from distnb.jobfolder import JobFolder
+from distnb.rank.agent import panel
 from distnb.rank.agent.control import Control
 from distnb.rank.agent.entries import GroupMethods
 from distnb.rank.agent.serve import Server
@@ -73,6 +74,7 @@ class Agent:
         os.environ[PID_VAR] = str(os.getpid())
         self.store = self.connect()
         self.control = Control(self)
+        panel.serve_with(self.connect)  # JupyterLab's panel from another host, if asked
         register_optimizer_step_post_hook(self._stepped)
         self.interceptor.install(self.tape.record, self.tape.record)
         GroupMethods(self.interceptor)  # `torch.distributed`'s calls, without the kernels' trip

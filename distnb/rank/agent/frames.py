@@ -6,8 +6,9 @@ globals) instead of a cell's namespace.
 A stopped rank of an attached job runs these on its main thread, in the debugger
 (`stopped.AgentPdb`, answer `CALL`): the one place where the job's objects may be read without
 racing its training loop. Overflow watches started here stay on when the rank goes on (they see
-its next steps); `detach` removes them, so a detached job runs as it would have. One request
-needs no names: `listen` starts the rank's debugpy for JupyterLab's panel (`panel`).
+its next steps); `detach` removes them, so a detached job runs as it would have. Two requests
+need no names: `listen` starts the rank's debugpy for JupyterLab's panel, `relay` connects it
+to a notebook on another host (`panel`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def call(request: Mapping[str, Any], names: Mapping[str, Any], rank: int) -> Any
         from distnb.rank.agent.panel import listen
 
         return listen()
+    if fn == "relay":  # the panel, for a notebook on another host
+        from distnb.rank.agent.panel import relay
+
+        relay(str(request["channel"]))
+        return None
     if fn == "overflow_report":
         from distnb.rank import overflow
 

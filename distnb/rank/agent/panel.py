@@ -13,21 +13,32 @@ debugpy, so its idle cost is unchanged.
   at the frame and line it is stopped at; the panel steps and continues it from there. Each
   suspension marks the rank stopped (`on_stop`), as at pdb's prompt: the notebook's status
   says so, and the notebook holds its peers before their next collective;
+- `relay` (a rank on another host than the notebook's; `CALL` `relay`): its adapter's
+  connection carried over the job's signed control plane (`distnb.rank.debug.relay`, as for
+  distnb's own ranks on other hosts), on store connections of the agent's (`serve_with`);
 - `untrace` (after `detach`, at the main thread's next safe point): debugpy stops tracing the
   rank, which runs on untraced, as it would have.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-__all__ = ["listen", "suspend", "untrace"]
+__all__ = ["listen", "relay", "serve_with", "suspend", "untrace"]
 
 OnStop = Callable[[bool, str], None]
+
+_connect: list[Callable[[], Any]] = []  # the agent's: a new signed client of the job's store
+
+
+def serve_with(connect: Callable[[], Any]) -> None:
+    """Relays (`relay`) use `connect` for their store connections (the agent's, at its start)."""
+    _connect[:] = [connect]
 
 
 def listen() -> dict[str, Any]:
@@ -41,6 +52,17 @@ def listen() -> dict[str, Any]:
         debugpy.configure(subProcess=False)
     host, port, folders = start()
     return {"host": host, "port": port, "folders": folders}
+
+
+def relay(channel: str) -> None:
+    """Connect this rank's adapter to the kernel over the job's control plane, on `channel`
+    (the kernel's end is relaying already)."""
+    from distnb.rank.debug.relay import Relay
+
+    where = listen()
+    sock = socket.create_connection((where["host"], where["port"]), timeout=10)
+    sock.settimeout(None)
+    Relay(sock, channel, "kernel", (_connect[0](), _connect[0]()))
 
 
 def suspend(frame: FrameType, on_stop: OnStop) -> None:

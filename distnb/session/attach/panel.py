@@ -8,7 +8,9 @@ scopes, variables (tensors as dtype, shape, device and a preview), and `next`, `
 - a rank stopped at its debugger prompt (`job.stop()`, or a breakpoint set from the notebook)
   is asked to start debugpy (`CALL` `listen`, `distnb.rank.agent.panel`: only now, so an agent
   never asked never imports it), on its loopback, as distnb's own ranks do: debugpy has no
-  authentication. The kernel connects to it (`links.ready`), sets the breakpoints the notebook
+  authentication. The kernel connects to it (`links.ready`): directly on this machine, through
+  the job's signed control plane from another host (`distnb.rank.debug.relay`, the rank's end
+  on the agent's store connections), sets the breakpoints the notebook
   set on that rank (`job.breakpoint`), now debugpy's, and hands the rank over (`PANEL`): pdb
   lets go and the rank suspends in debugpy at the line it stopped at;
 - peers wait safely: when a rank stops in the panel, every rank of the job not stopped is held
@@ -18,13 +20,13 @@ scopes, variables (tensors as dtype, shape, device and a preview), and `next`, `
 - `close` (at `detach`): the stopped ranks are continued, the connections end, and the agents
   stop debugpy's tracing at their next safe point: the job runs on as it would have.
 
-Not built: ranks on another host (the signed relay over the control plane that distnb's own
-ranks use, `distnb.rank.debug.relay`, is not wired to the agent), and one panel for a session's
-own ranks and an attached job's together (threads are told apart by rank number).
+Not built: one panel for a session's own ranks and an attached job's together (threads are
+told apart by rank number).
 """
 
 from __future__ import annotations
 
+import secrets
 import socket
 import threading
 from functools import partial
@@ -84,7 +86,6 @@ class JobPanel:
                 "then job.panel() again"
             )
         asked = inside.stopped(self.job, None, wait_s)
-        _here_only(self.job, list(asked))
         new = [r for r in asked if not self.connected(r)]
         if new:
             found = inside.call(self.job, {"fn": "listen"}, new)
@@ -96,14 +97,27 @@ class JobPanel:
         return sorted(asked)
 
     def _connect(self, rank: int, where: Message, breaks: dict[str, list[Message]]) -> None:
-        sock = socket.create_connection((where["host"], int(where["port"])), timeout=10)
         try:
-            client = links.ready(sock, f"rank {rank}", where["folders"], breaks,
-                                 partial(self._event, rank))  # fmt: skip
+            client = links.ready(self._socket(rank, where), f"rank {rank}", where["folders"],
+                                 breaks, partial(self._event, rank))  # fmt: skip
         except (DapError, OSError) as exc:
             raise ConfigError(f"JupyterLab's debugger cannot reach rank {rank}: {exc}") from None
         self.relay.clients[rank] = client
         self.ranks.add(rank)
+
+    def _socket(self, rank: int, where: Message) -> socket.socket:
+        """Straight to the rank's adapter on this machine; on another host, relayed over the
+        job's signed control plane (debugpy listens on the rank's loopback only)."""
+        if _here(self.job, rank):
+            return socket.create_connection((where["host"], int(where["port"])), timeout=10)
+        from distnb.rank.debug.relay import Relay  # the rank's package: loaded only here
+
+        channel = f"{rank}-{secrets.token_hex(4)}"
+        ours, theirs = socket.socketpair()
+        link = self.job.link
+        Relay(theirs, channel, "rank", (link.client(), link.client()))
+        inside.call(self.job, {"fn": "relay", "channel": channel}, [rank])
+        return ours
 
     def set_breaks(self, rank: int, path: str, breaks: list[Message]) -> None:
         """`path`'s breakpoints on a rank the panel shows (debugpy's, no longer pdb's)."""
@@ -161,13 +175,7 @@ class JobPanel:
         self.link.close()
 
 
-def _here_only(job: JobSurface, ranks: list[int]) -> None:
+def _here(job: JobSurface, rank: int) -> bool:
+    """Whether `rank` runs on this machine (its agent said where at its start)."""
     here = socket.gethostname()
-    for rank in ranks:
-        host = (job.link.registered(rank) or {}).get("host", here)
-        if host != here:
-            raise ConfigError(
-                f"rank {rank} runs on {host}, not here ({here}): JupyterLab's panel reaches "
-                "ranks on this machine only (debugpy listens on loopback); on other hosts use "
-                "the text debugger: job.debug() or %dist_attach --debug"
-            )
+    return bool((job.link.registered(rank) or {}).get("host", here) == here)

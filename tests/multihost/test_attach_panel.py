@@ -1,0 +1,83 @@
+"""JupyterLab's debugger panel on the ranks of a torchrun job across two rehearsal hosts,
+attached from a real kernel on the kernel's side of the network: each rank's debugpy listens
+on its own host's loopback, and the kernel reaches it through the job's signed control plane."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.attach.jobs import START_S, TRAIN, line_of
+from tests.attach.test_attach_panel import Panel, settled, switch_on, top
+from tests.kernel_driver import frontend
+from tests.multihost import jobs
+from tests.multihost.hosts import Lan, missing
+from tests.multihost.test_attach_hosts import RUNS, scp
+from tests.session.test_visual_debugger import names, variables
+
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.gloo,
+    pytest.mark.notebook,
+    pytest.mark.skipif(bool(missing()), reason=f"rehearsal hosts need {missing()}"),
+]
+
+BEFORE = line_of("flat = grads_of(model)")
+GRADS = line_of("# the gradients")
+
+
+def test_ranks_on_two_other_hosts_in_the_panel(lan: Lan, tmp_path: Path) -> None:
+    a, b = lan.hosts[0], lan.hosts[1]
+    name, mark = f"panel-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    env = {"MODE": "wait", "STEPS": "5", "READY": f"/tmp/READY-{mark}"}
+    clients = []
+    try:
+        clients.append(jobs.on(lan, a, jobs.command(lan, "0", a.addr, mark, name, **env), logs[0]))
+        deadline = time.monotonic() + START_S
+        while a.ssh(f"test -f {RUNS}/{name}/endpoint.json").returncode != 0:
+            assert time.monotonic() < deadline, logs[0].read_text()
+            time.sleep(0.2)
+        here = tmp_path / "runs"
+        here.mkdir(mode=0o700)
+        scp(lan, f"root@{a.addr}:{RUNS}/{name}", str(here))
+        assert b.ssh(f"mkdir -p -m 700 {RUNS}").returncode == 0
+        scp(lan, str(here / name), f"root@{b.addr}:{RUNS}/")
+        clients.append(jobs.on(lan, b, jobs.command(lan, "1", a.addr, mark, name, **env), logs[1]))
+        with frontend() as fe:
+            dap = Panel(fe)
+            status, text = dap.run(
+                f"%load_ext distnb\nimport time, distnb\njob = distnb.attach("
+                f"{str(here / name)!r}, timeout={START_S})\n"
+                f"job.breakpoint('{TRAIN.name}:{BEFORE}', cond='step == 2')"
+            )
+            assert status == "ok", text
+            for host in (a, b):
+                (host.tmp / f"READY-{mark}").touch()
+            settled(dap, "stopped", "stopped")
+            switch_on(dap)
+            status, text = dap.run("print(job.panel())")
+            assert status == "ok" and "[0, 1]" in text, text
+
+            shown = dap.event("stopped")["threadId"]
+            rank = int(names(dap)[shown].split()[1])
+            frame = top(dap, shown)
+            assert (frame["name"], frame["source"]["path"], frame["line"]) == (
+                f"[rank {rank}] main",
+                str(TRAIN),
+                BEFORE,
+            )
+            assert variables(dap, frame["id"])["step"]["value"] == "2"
+            dap.body("next", threadId=shown)
+            assert dap.event("stopped")["threadId"] == shown
+            assert top(dap, shown)["line"] == GRADS
+            status, text = dap.run("job.detach()")
+            assert status == "ok", text
+        jobs.wait_for(logs, r"final 0 ")  # detached: both ranks ran to their end
+        jobs.wait_for(logs, r"final 1 ")
+    finally:
+        jobs.end(lan, mark, clients)
+        assert jobs.left(lan, mark) == []
