@@ -2,8 +2,8 @@
 kernel: the debug requests sent as JupyterLab sends them (`debug_request` on the control
 channel, `debug_event`s on iopub), a rank stepped and continued in the panel, the other
 resumed by detach; a peer held while a rank is stopped in the panel, a breakpoint set from
-then on stopping it there, and a kernel killed meanwhile; each job's result the same as a run
-never attached."""
+then on stopping it there, `resume`, and a kernel killed meanwhile; each job's result the same
+as a run never attached."""
 
 from __future__ import annotations
 
@@ -193,5 +193,12 @@ def test_a_peer_is_held_a_new_breakpoint_stops_in_the_panel_and_a_dead_kernel_le
         assert frame["line"] == METRICS
         assert variables(dap, frame["id"])["step"]["value"] == "0"
 
+        status, text = dap.run("job.resume()")  # rank 0 goes on, to the breakpoint again
+        assert status == "ok", text
+        frame = top(dap, dap.event("stopped")["threadId"])
+        assert frame["line"] == METRICS
+        assert variables(dap, frame["id"])["step"]["value"] == "1"
+
         dap.fe.km.shutdown_kernel(now=True)  # the notebook dies with rank 0 in the panel
-        assert jb.finals() == expected  # debugpy let it go; the hold ended with the lease
+        # debugpy let it go and forgot the breakpoint; rank 1's hold ended with the lease
+        assert jb.finals() == expected
