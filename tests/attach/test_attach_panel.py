@@ -1,9 +1,9 @@
 """JupyterLab's debugger panel on the stopped ranks of a real torchrun job, attached from a real
 kernel: the debug requests sent as JupyterLab sends them (`debug_request` on the control
 channel, `debug_event`s on iopub), a rank stepped and continued in the panel, the other
-resumed by detach; a peer held while a rank is stopped in the panel, a breakpoint set from
-then on stopping it there, `resume`, and a kernel killed meanwhile; each job's result the same
-as a run never attached."""
+resumed by detach; a peer held while a rank is stopped in the panel, breakpoints set before
+and after the rank went to the panel stopping it there, `resume`, and a kernel killed
+meanwhile; each job's result the same as a run never attached."""
 
 from __future__ import annotations
 
@@ -177,6 +177,8 @@ def test_a_peer_is_held_a_new_breakpoint_stops_in_the_panel_and_a_dead_kernel_le
         assert status == "ok", text
         (tmp_path / "READY").touch()
         settled(dap, "stopped", "held")
+        status, text = dap.run(f"job.breakpoint('{TRAIN.name}:{METRICS}', ranks=[0])")
+        assert status == "ok", text  # noted for pdb, not set yet: the panel's once it shows
         status, text = dap.run("print(job.panel())")
         assert status == "ok" and "[0]" in text, text
         shown = dap.event("stopped")["threadId"]
@@ -184,8 +186,6 @@ def test_a_peer_is_held_a_new_breakpoint_stops_in_the_panel_and_a_dead_kernel_le
         assert top(dap, shown)["line"] == GRADS  # stopped before its all_reduce
         settled(dap, "stopped", "held")
 
-        status, text = dap.run(f"job.breakpoint('{TRAIN.name}:{METRICS}', ranks=[0])")
-        assert status == "ok", text  # set in rank 0's debugpy, at once
         dap.body("continue", threadId=shown)  # the all_reduce needs rank 1: released
         shown = dap.event("stopped")["threadId"]
         assert names(dap)[shown] == "rank 0"
@@ -193,10 +193,12 @@ def test_a_peer_is_held_a_new_breakpoint_stops_in_the_panel_and_a_dead_kernel_le
         assert frame["line"] == METRICS
         assert variables(dap, frame["id"])["step"]["value"] == "0"
 
-        status, text = dap.run("job.resume()")  # rank 0 goes on, to the breakpoint again
+        status, text = dap.run(f"job.breakpoint('{TRAIN.name}:{BEFORE}', 'step == 1', [0])")
+        assert status == "ok", text  # set in rank 0's debugpy, at once
+        status, text = dap.run("job.resume()")  # rank 0 goes on, to the new breakpoint
         assert status == "ok", text
         frame = top(dap, dap.event("stopped")["threadId"])
-        assert frame["line"] == METRICS
+        assert frame["line"] == BEFORE
         assert variables(dap, frame["id"])["step"]["value"] == "1"
 
         dap.fe.km.shutdown_kernel(now=True)  # the notebook dies with rank 0 in the panel

@@ -162,8 +162,14 @@ class Control:
             asker = AgentAsker(self.agent.store, self.agent.rank, self.lease)
             self._debugger = AgentPdb(asker)
             self._debugger.on_stop = self._on_stop
+            self._debugger.on_panel = self._to_panel
         self._debugger.detached = False
         return self._debugger
+
+    def _to_panel(self) -> None:
+        """The rank goes to JupyterLab's panel: breakpoints not set yet are the panel's now
+        (the notebook sets them in debugpy); pdb tracing them would take debugpy's place."""
+        self.breaks = []
 
     def _on_stop(self, stopped: bool, where: str) -> None:
         self.state = AgentState.STOPPED if stopped else AgentState.RUNNING

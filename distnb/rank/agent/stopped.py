@@ -126,6 +126,7 @@ class AgentPdb(RankPdb):
         self.on_stop: Any = None  # called with (stopped: bool, where: str) around each prompt
         self.header = ""  # said once, before the next prompt
         self.handed = False  # the rank was handed to the panel in this trace event
+        self.on_panel: Any = None  # called as the rank is handed to the panel
         self._frame: Any = None  # the frame the rank stopped in
 
     def interaction(self, frame: Any, tb: Any) -> None:
@@ -172,6 +173,8 @@ class AgentPdb(RankPdb):
         suspends in debugpy where it stopped, until the panel lets it go on."""
         self.clear_all_breaks()
         self.set_continue()  # no breakpoints: pdb's tracing ends
+        if self.on_panel is not None:
+            self.on_panel()
         self.handed = True
         self.out.flush()
         panel.suspend(self._frame, self.on_stop)
