@@ -64,6 +64,14 @@ def missing() -> str:
     return ""
 
 
+_BLOCKS = 64  # /22 blocks in RANGE
+
+
+def _taken(lan: str) -> bool:
+    """Whether another test run routes `lan` (after this one undid its own)."""
+    return bool(subprocess.run(["ip", "route", "show", lan], capture_output=True).stdout)
+
+
 def _run(*cmd: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -77,17 +85,29 @@ class Lan:
         self.state = state
         self.tag = f"dnbt{os.getpid() % 100000}"
         self.router = f"{self.tag}-lan"
-        self.block = 4 * (os.getpid() % 64)  # 198.18.<block>.0/22: the kernel's link, 3 hosts
-        self.lan = f"198.18.{self.block}.0/22"
-        self.kernel_addr, self.router_addr = f"198.18.{self.block}.1", f"198.18.{self.block}.2"
         self.key = state / "id_ed25519"
         self.hosts: list[Host] = []
         self._undo: list[list[str]] = []  # commands that undo what was made, last first
-        try:
-            self._make()
-        except BaseException:
-            self.close()
-            raise
+        # 198.18.<block>.0/22: the kernel's link and 3 hosts. Test runs side by side each take a
+        # block no other has routed (from their pid on, the next free one; `_make` fails on a
+        # block another run routed meanwhile, and the next is tried).
+        for k in range(_BLOCKS):
+            self._use((os.getpid() + k) % _BLOCKS)
+            if subprocess.run(["ip", "route", "show", self.lan], capture_output=True).stdout:
+                continue
+            try:
+                self._make()
+                return
+            except BaseException:
+                self.close()
+                if not _taken(self.lan):
+                    raise
+        raise RuntimeError(f"every block of {RANGE} is routed by other test runs")
+
+    def _use(self, n: int) -> None:
+        self.block = 4 * n
+        self.lan = f"198.18.{self.block}.0/22"
+        self.kernel_addr, self.router_addr = f"198.18.{self.block}.1", f"198.18.{self.block}.2"
 
     def _make(self) -> None:
         _run("ip", "netns", "add", self.router)

@@ -58,6 +58,40 @@ def on(lan: Lan, host: Host, line: str, log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
+RUNS = ".distnb/runs"  # under each host's own home
+
+
+def scp(lan: Lan, source: str, target: str) -> None:
+    done = subprocess.run(["scp", "-rpq", *lan.ssh_args, source, target], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def across(
+    lan: Lan, name: str, mark: str, logs: list[Path], here: Path, **env: str
+) -> list[subprocess.Popen[bytes]]:
+    """A job of one rank on each of the first two hosts, as its users start one without a shared
+    home: the first host's launcher hosts the control plane, its run folder is copied to `here`
+    (this machine's `DISTNB_RUNS`) and to the second host, whose launcher then joins. Returns the
+    ssh clients (for `end`), appended to as they start, so a failure leaves them to end."""
+    a, b = lan.hosts[0], lan.hosts[1]
+    clients = [on(lan, a, command(lan, "0", a.addr, mark, name, **env), logs[0])]
+    try:
+        deadline = time.monotonic() + START_S
+        while a.ssh(f"test -f {RUNS}/{name}/endpoint.json").returncode != 0:
+            assert time.monotonic() < deadline, logs[0].read_text()
+            time.sleep(0.2)
+        here.mkdir(mode=0o700)
+        scp(lan, f"root@{a.addr}:{RUNS}/{name}", str(here))
+        assert b.ssh(f"mkdir -p -m 700 {RUNS}").returncode == 0
+        scp(lan, str(here / name), f"root@{b.addr}:{RUNS}/")
+        clients.append(on(lan, b, command(lan, "1", a.addr, mark, name, **env), logs[1]))
+    except BaseException:
+        end(lan, mark, clients)
+        raise
+    return clients
+
+
 def wait_for(logs: list[Path], pattern: str, timeout_s: float = START_S) -> None:
     """Until one of `logs` shows `pattern`; what they hold if it does not come."""
     deadline = time.monotonic() + timeout_s

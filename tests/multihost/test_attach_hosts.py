@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,34 +35,15 @@ pytestmark = [
     pytest.mark.skipif(bool(missing()), reason=f"rehearsal hosts need {missing()}"),
 ]
 
-RUNS = ".distnb/runs"  # under each host's own home
-
-
-def scp(lan: Lan, source: str, target: str) -> None:
-    done = subprocess.run(["scp", "-rpq", *lan.ssh_args, source, target], capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-
 
 @pytest.fixture
 def hung(lan: Lan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The job, hung; yields the run folder copied to this machine (`DISTNB_RUNS` here)."""
-    a, b = lan.hosts[0], lan.hosts[1]
     name, mark = f"across-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    clients = []
+    here = tmp_path / "runs"
+    clients = jobs.across(lan, name, mark, logs, here)
     try:
-        clients.append(jobs.on(lan, a, jobs.command(lan, "0", a.addr, mark, name), logs[0]))
-        deadline = time.monotonic() + START_S
-        while a.ssh(f"test -f {RUNS}/{name}/endpoint.json").returncode != 0:
-            assert time.monotonic() < deadline, logs[0].read_text()
-            time.sleep(0.2)
-        here = tmp_path / "runs"
-        here.mkdir(mode=0o700)
-        scp(lan, f"root@{a.addr}:{RUNS}/{name}", str(here))
-        assert b.ssh(f"mkdir -p -m 700 {RUNS}").returncode == 0
-        scp(lan, str(here / name), f"root@{b.addr}:{RUNS}/")
-        clients.append(jobs.on(lan, b, jobs.command(lan, "1", a.addr, mark, name), logs[1]))
         monkeypatch.setenv("DISTNB_RUNS", str(here))
         jobs.wait_for(logs, r"final 1 ")  # rank 1 has left the loop
         yield here / name

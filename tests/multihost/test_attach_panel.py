@@ -4,7 +4,6 @@ on its own host's loopback, and the kernel reaches it through the job's signed c
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from tests.attach.test_attach_panel import Panel, settled, switch_on, top
 from tests.kernel_driver import frontend
 from tests.multihost import jobs
 from tests.multihost.hosts import Lan, missing
-from tests.multihost.test_attach_hosts import RUNS, scp
 from tests.session.test_visual_debugger import names, variables
 
 pytestmark = [
@@ -34,19 +32,9 @@ def test_ranks_on_two_other_hosts_in_the_panel(lan: Lan, tmp_path: Path) -> None
     name, mark = f"panel-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     env = {"MODE": "wait", "STEPS": "5", "READY": f"/tmp/READY-{mark}"}
-    clients = []
+    here = tmp_path / "runs"
+    clients = jobs.across(lan, name, mark, logs, here, **env)
     try:
-        clients.append(jobs.on(lan, a, jobs.command(lan, "0", a.addr, mark, name, **env), logs[0]))
-        deadline = time.monotonic() + START_S
-        while a.ssh(f"test -f {RUNS}/{name}/endpoint.json").returncode != 0:
-            assert time.monotonic() < deadline, logs[0].read_text()
-            time.sleep(0.2)
-        here = tmp_path / "runs"
-        here.mkdir(mode=0o700)
-        scp(lan, f"root@{a.addr}:{RUNS}/{name}", str(here))
-        assert b.ssh(f"mkdir -p -m 700 {RUNS}").returncode == 0
-        scp(lan, str(here / name), f"root@{b.addr}:{RUNS}/")
-        clients.append(jobs.on(lan, b, jobs.command(lan, "1", a.addr, mark, name, **env), logs[1]))
         with frontend() as fe:
             dap = Panel(fe)
             status, text = dap.run(
