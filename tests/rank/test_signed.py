@@ -43,8 +43,16 @@ def client(server: dist.TCPStore, timeout_s: float = 30.0) -> SignedStore:
 
 
 def forge(server: dist.TCPStore, key: str) -> None:
-    """What a stranger does: random bytes under a key of the session."""
+    """What a stranger does: random bytes under a key of the session. A store's `set` has no
+    reply, and writes on two connections reach the server in either order: a read on the same
+    connection after it (`landed`) orders it before what the test writes next."""
     server.set(f"{PREFIX}/{key}", b"\x00not signed by the session\xff")
+    landed(server, f"{PREFIX}/{key}")
+
+
+def landed(store: dist.Store, key: str) -> None:
+    """Once this returns, the server has applied every write `store` sent before."""
+    store.check([key])
 
 
 def test_a_forged_value_written_once_is_named_at_once(server: dist.TCPStore) -> None:
@@ -152,6 +160,7 @@ def test_a_request_served_late_never_puts_an_older_copy_over_a_newer_value(
     forge(server, board.key(1, 1))
     newer = b"\x03" + bytes(7) + b"F-three"  # stamp 3, same slot, landed before it was kept
     writer.set(board.key(1, 3), newer)
+    landed(writer, board.key(1, 3))  # the newer value is there before anyone asks
     reposter = posts.Reposter(1, lambda: client(server))
     reposter.start()
     try:
