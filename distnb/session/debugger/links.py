@@ -8,9 +8,9 @@ with the breakpoints the frontend has set.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import socket
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -112,9 +112,14 @@ def threads(clients: Mapping[int, DapClient]) -> list[Message]:
 def set_breakpoints(
     clients: Mapping[int, DapClient], path: str, breakpoints: Sequence[Message]
 ) -> None:
-    """The frontend's breakpoints of `path`, on every connected rank."""
-    for client in clients.values():
-        with contextlib.suppress(DapError):  # a rank that went: dropped as its link ends
+    """The frontend's breakpoints of `path`, on every connected rank; a rank that does not
+    confirm them is named on stderr (it may run past them), not passed over in silence."""
+    for rank, client in clients.items():
+        try:
             client.request(
                 "setBreakpoints", {"source": {"path": path}, "breakpoints": list(breakpoints)}
             )
+        except DapError as exc:  # a rank that went is dropped as its link ends
+            if not client.closed:
+                print(f"distnb: rank {rank} did not take the breakpoints of {path}: {exc}; it "
+                      "may run past them", file=sys.stderr)  # fmt: skip
