@@ -18,7 +18,7 @@ import pytest
 
 from tests.attach.jobs import TRAIN, Job, job, line_of
 from tests.kernel_driver import ANSI, Frontend, frontend
-from tests.session.test_visual_debugger import Dap, names, variables
+from tests.session.test_visual_debugger import Dap, names, switch_on, variables
 
 pytestmark = [pytest.mark.gloo, pytest.mark.notebook]
 
@@ -102,16 +102,6 @@ class Panel(Dap):
         while (reply := kc.get_shell_msg(timeout=timeout))["parent_header"].get("msg_id") != msg_id:
             pass
         return str(reply["content"]["status"]), ANSI.sub("", "".join(texts))
-
-
-def switch_on(dap: Panel) -> None:
-    """As JupyterLab's bug icon does (`test_visual_debugger.attach`)."""
-    dap.body("debugInfo")
-    dap.body(
-        "initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
-        linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
-    )  # fmt: skip
-    dap.body("attach")
 
 
 def top(dap: Panel, thread: int) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.attach.jobs import START_S, TRAIN, line_of
-from tests.attach.test_attach_panel import Panel, settled, switch_on, top
+from tests.attach.test_attach_panel import Panel, settled, top
 from tests.kernel_driver import frontend
 from tests.multihost import jobs
 from tests.multihost.hosts import Lan, missing
-from tests.session.test_visual_debugger import names, variables
+from tests.session.test_visual_debugger import names, switch_on, variables
 
 pytestmark = [
     pytest.mark.multihost,

@@ -87,15 +87,21 @@ def detached(fe: Frontend) -> Iterator[None]:
 
 
 def attach(fe: Frontend) -> Dap:
-    """Switch the debugger on as JupyterLab's bug icon does: `debugInfo`, then start it."""
+    """Switch the debugger on as JupyterLab's bug icon does (`switch_on`)."""
     dap = Dap(fe)
+    switch_on(dap)
+    return dap
+
+
+def switch_on(dap: Any) -> None:
+    """As JupyterLab's bug icon does: `debugInfo`, then start the debugger (`dap`: anything
+    with `body(command, **arguments)`)."""
     dap.body("debugInfo")
     dap.body(
         "initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
         linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
     )  # fmt: skip
     dap.body("attach")
-    return dap
 
 
 def _idle(msg: dict[str, Any], msg_id: str) -> bool:
