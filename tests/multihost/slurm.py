@@ -90,9 +90,13 @@ class Slurm:
             f"{nodes}PartitionName=debug Nodes={','.join(h.name for h in self.hosts)} "
             "Default=YES MaxTime=INFINITE State=UP\n"
         )
-        _on(head, f"mkdir -p /tmp/slurmctld && slurmctld -f {self.conf}")
+        # from a clean state: a cluster made earlier on these hosts (another test module's) left
+        # its jobs and nodes' states there, which a new controller would recover
+        fresh = "rm -rf /tmp/slurmctld /tmp/slurmd /tmp/slurmctld.log /tmp/slurmd.log"
+        _on(head, f"{fresh} && mkdir -p /tmp/slurmctld && slurmctld -f {self.conf}")
         for host in self.hosts:
-            _on(host, f"{_CGROUPS} && mkdir -p /tmp/slurmd && slurmd -f {self.conf} -N {host.name}")
+            begin = f"{_CGROUPS} && {fresh if host is not head else 'true'} && mkdir -p /tmp/slurmd"
+            _on(host, f"{begin} && slurmd -f {self.conf} -N {host.name}")
         deadline = time.monotonic() + 30
         while self.command("sinfo", "-h", "-o", "%t").stdout.split() != ["idle"]:
             if time.monotonic() > deadline:
