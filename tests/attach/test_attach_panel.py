@@ -104,6 +104,24 @@ class Panel(Dap):
         return str(reply["content"]["status"]), ANSI.sub("", "".join(texts))
 
 
+def stepped_to_the_gradients(dap: Panel) -> tuple[int, int]:
+    """The rank the panel shows first, stopped before step 2's gradients with its variables,
+    then one Next to the gradients' all_reduce (not over it): its thread and its rank."""
+    shown = dap.event("stopped")["threadId"]
+    rank = int(names(dap)[shown].split()[1])
+    frame = top(dap, shown)
+    assert (frame["name"], frame["source"]["path"], frame["line"]) == (
+        f"[rank {rank}] main",
+        str(TRAIN),
+        BEFORE,
+    )
+    assert variables(dap, frame["id"])["step"]["value"] == "2"
+    dap.body("next", threadId=shown)
+    assert dap.event("stopped")["threadId"] == shown
+    assert top(dap, shown)["line"] == GRADS
+    return shown, rank
+
+
 def top(dap: Panel, thread: int) -> dict[str, Any]:
     return dict(dap.body("stackTrace", threadId=thread)["stackFrames"][0])
 
@@ -125,23 +143,10 @@ def test_the_panel_steps_and_continues_attached_ranks_and_the_job_ends_as_unatta
         status, text = dap.run("%dist_attach --panel")
         assert status == "ok" and "JupyterLab's debugger panel shows ranks 0-1" in text, text
 
-        shown = dap.event("stopped")["threadId"]
+        shown, rank = stepped_to_the_gradients(dap)
         threads = names(dap)
         assert {"rank 0", "rank 1"} <= set(threads.values()), threads
-        rank = int(threads[shown].split()[1])
-        frame = top(dap, shown)
-        assert (frame["name"], frame["source"]["path"], frame["line"]) == (
-            f"[rank {rank}] main",
-            str(TRAIN),
-            BEFORE,
-        )
-        assert variables(dap, frame["id"])["step"]["value"] == "2"
-
-        dap.body("next", threadId=shown)  # to the gradients' all_reduce, not over it
-        assert dap.event("stopped")["threadId"] == shown
-        frame = top(dap, shown)
-        assert frame["line"] == GRADS
-        flat = variables(dap, frame["id"])["flat"]["value"]
+        flat = variables(dap, top(dap, shown)["id"])["flat"]["value"]
         assert flat.startswith("float32[9] cpu  tensor(["), flat
         status, text = dap.run("print([s.state.value for s in job.snapshots()])")
         assert "['stopped', 'stopped']" in text, text

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.attach.jobs import START_S, TRAIN, line_of
-from tests.attach.test_attach_panel import Panel, settled, top
+from tests.attach.jobs import START_S, TRAIN
+from tests.attach.test_attach_panel import BEFORE, Panel, settled, stepped_to_the_gradients
 from tests.kernel_driver import frontend
 from tests.multihost import jobs
 from tests.multihost.hosts import Lan, missing
-from tests.session.test_visual_debugger import names, switch_on, variables
+from tests.session.test_visual_debugger import switch_on
 
 pytestmark = [
     pytest.mark.multihost,
@@ -22,9 +22,6 @@ pytestmark = [
     pytest.mark.notebook,
     pytest.mark.skipif(bool(missing()), reason=f"rehearsal hosts need {missing()}"),
 ]
-
-BEFORE = line_of("flat = grads_of(model)")
-GRADS = line_of("# the gradients")
 
 
 def test_ranks_on_two_other_hosts_in_the_panel(lan: Lan, tmp_path: Path) -> None:
@@ -50,18 +47,7 @@ def test_ranks_on_two_other_hosts_in_the_panel(lan: Lan, tmp_path: Path) -> None
             status, text = dap.run("print(job.panel())")
             assert status == "ok" and "[0, 1]" in text, text
 
-            shown = dap.event("stopped")["threadId"]
-            rank = int(names(dap)[shown].split()[1])
-            frame = top(dap, shown)
-            assert (frame["name"], frame["source"]["path"], frame["line"]) == (
-                f"[rank {rank}] main",
-                str(TRAIN),
-                BEFORE,
-            )
-            assert variables(dap, frame["id"])["step"]["value"] == "2"
-            dap.body("next", threadId=shown)
-            assert dap.event("stopped")["threadId"] == shown
-            assert top(dap, shown)["line"] == GRADS
+            stepped_to_the_gradients(dap)
             status, text = dap.run("job.detach()")
             assert status == "ok", text
         jobs.wait_for(logs, r"final 0 ")  # detached: both ranks ran to their end
