@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import time
@@ -130,20 +131,29 @@ class Frontend:
         self.last_password = False  # the last prompt asked for hidden input
 
     def stacks(self) -> str:
-        """Where the kernel's threads are now (py-spy, installed with the tests), for the report
-        of a cell that did not end: a hang says where it hangs."""
+        """Where the kernel's threads are now, and its ranks' (py-spy, installed with the
+        tests), for the report of a cell that did not end: a hang says where it hangs."""
         import subprocess
         import sys
         from pathlib import Path
+
+        import psutil
 
         pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
         spy = Path(sys.executable).with_name("py-spy")
         if pid is None or not spy.exists():
             return "(no stacks: no kernel pid or no py-spy)"
-        done = subprocess.run(
-            [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
-        )
-        return f"the kernel's threads:\n{done.stdout}{done.stderr}"
+        found = []
+        with contextlib.suppress(psutil.Error):
+            kernel = psutil.Process(pid)
+            children = [p for p in kernel.children(recursive=True) if "python" in p.name()]
+            for process in [kernel, *children]:
+                done = subprocess.run(
+                    [str(spy), "dump", "--pid", str(process.pid)],
+                    capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                found.append(f"{' '.join(process.cmdline()[-3:])}:\n{done.stdout}{done.stderr}")
+        return "the threads of the kernel and its processes:\n" + "\n".join(found)
 
     def run(
         self,

@@ -152,16 +152,35 @@ def page(chromium: str) -> Iterator[Any]:
 
 
 def open_prompt(page: Any, area: Any) -> Any:
-    """The input box of the prompt open in `area`. While an answer is taken and the rank's output
-    area redrawn, JupyterLab briefly shows the answered box beside the next one: wait until one
-    box has stood alone for a moment."""
+    """The input box of the prompt open in `area`, as one element (a locator would find the box
+    again at each action). While an answer is taken and the rank's output area redrawn,
+    JupyterLab briefly shows the answered box beside the next one: wait until one box has stood
+    alone for a moment."""
     fields = area.locator("input.jp-Stdin-input")
     deadline, alone = time.monotonic() + RUN_ALL_S, 0
     while alone < 3:
         assert time.monotonic() < deadline, f"no prompt opened: {output_text(area)}"
         alone = alone + 1 if fields.count() == 1 else 0
         page.wait_for_timeout(100)
-    return fields.last
+    return fields.last.element_handle()
+
+
+def answer_prompt(page: Any, area: Any, answer: str) -> None:
+    """Type `answer` into the prompt open in `area` and press Enter, into the one box that holds
+    it: a box redrawn between the typing and the key (a loaded machine) is found and typed into
+    again, never sent empty."""
+    from playwright.sync_api import Error
+
+    for _ in range(5):
+        field = open_prompt(page, area)
+        try:
+            field.fill(answer, timeout=5_000)
+            if field.input_value(timeout=5_000) == answer:
+                field.press("Enter", timeout=5_000)
+                return
+        except Error:  # the box went while it was typed into
+            pass
+    raise AssertionError(f"no prompt took {answer!r}: {output_text(area)}")
 
 
 def lab_command(tmp: Path, root: Path, port: int, token: str) -> list[str]:

@@ -32,6 +32,7 @@ from tests.browser.lab import (
     TIMELINES,
     WAIT_MS,
     Lab,
+    answer_prompt,
     assert_in_order,
     cell,
     cell_indices,
@@ -147,14 +148,13 @@ def test_a_ranks_debugger_prompts_in_the_input_box(lab: Lab, page: Any) -> None:
         for cell_id in ("stop", "post-mortem"):
             area = cell(page, index[cell_id])
             for n, answer in enumerate(ANSWERS[DEBUGGER][cell_id]):
-                field = open_prompt(page, area)
+                open_prompt(page, area)
                 expect(area.locator(".jp-Stdin-prompt").last).to_have_text("[rank 1] (Pdb) ")
                 if n == 1:
                     area.screenshot(path=ARTIFACTS / f"debugger-{cell_id}.png")
                 typed = re.compile(r"\[rank 1\] \(Pdb\)\s+" + re.escape(answer))
                 before = len(typed.findall(output_text(area)))
-                field.fill(answer)
-                field.press("Enter")
+                answer_prompt(page, area, answer)
                 deadline = time.monotonic() + WAIT_MS / 1000
                 while len(typed.findall(output_text(area))) == before:
                     assert time.monotonic() < deadline, output_text(area)

@@ -58,12 +58,23 @@ class Dap:
             try:
                 msg = self.fe.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no {name!r} event within {timeout} s") from None
+                raise AssertionError(
+                    f"no {name!r} event within {timeout} s\n{self.seen()}"
+                ) from None
             if msg["msg_type"] == "debug_event":
                 if msg["content"].get("event") == name:
                     return dict(msg["content"]["body"])
             else:
                 self.events.append(msg)
+
+    def seen(self) -> str:
+        """For a report: what iopub showed meanwhile, the debugger's state and the kernel's
+        threads."""
+        shown = "".join(_text(m) for m in self.events)
+        with contextlib.suppress(Exception):
+            info = self.body("debugInfo")
+            shown += f"\ndebugInfo: stopped {info['stoppedThreads']}, {info['breakpoints']}"
+        return f"iopub: {shown}\n{self.fe.stacks()}"
 
 
 @pytest.fixture(scope="module")
