@@ -69,30 +69,38 @@ class Session:
             raise SessionError("this session is already running; stop() or restart() it first")
         opts = self.options
         progress = Progress(opts.n, enabled=opts.progress)
-        try:
-            progress.show("starting engines", 0)
-            self._cluster = Cluster(opts.n, opts.engines, opts.host)
-            self._cluster.launch()
-            # The kernel imports torch for the control plane while the engines boot.
-            self._control = ControlPlane(opts.host)
-            self._cluster.remove_later(boards_pattern(self._control.session_id))
-            client = self._cluster.wait_registered(progress.show, opts.register_timeout)
-            self.ranks = join(self._cluster, self._control, client, opts, progress.show)
-            status.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
-            self.referee = DesyncReferee(self._control)
-        except BaseException as exc:
-            progress.close()
-            self._teardown()
-            if isinstance(exc, (ConfigError, KeyboardInterrupt)):
-                raise
-            raise SessionError(
-                f"the cluster did not start: {exc}\nNothing is left running; fix the cause and "
-                "run %dist_start again (distnb doctor checks the set-up)."
-            ) from exc
+        for attempt in range(2):
+            try:
+                self._launch(progress)
+                break
+            except BaseException as exc:
+                self._teardown()
+                if attempt == 0 and _port_taken(exc):
+                    continue  # another process took a port ipyparallel had picked: pick again
+                progress.close()
+                if isinstance(exc, (ConfigError, KeyboardInterrupt)):
+                    raise
+                raise SessionError(
+                    f"the cluster did not start: {exc}\nNothing is left running; fix the cause "
+                    "and run %dist_start again (distnb doctor checks the set-up)."
+                ) from exc
         progress.close()
         self._broken = ""
         _live.add(self)
         return self
+
+    def _launch(self, progress: Progress) -> None:
+        opts = self.options
+        progress.show("starting engines", 0)
+        self._cluster = Cluster(opts.n, opts.engines, opts.host)
+        self._cluster.launch()
+        # The kernel imports torch for the control plane while the engines boot.
+        self._control = ControlPlane(opts.host)
+        self._cluster.remove_later(boards_pattern(self._control.session_id))
+        client = self._cluster.wait_registered(progress.show, opts.register_timeout)
+        self.ranks = join(self._cluster, self._control, client, opts, progress.show)
+        status.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
+        self.referee = DesyncReferee(self._control)
 
     def stop(self) -> StopReport:
         """Stop every rank, the controller and the control plane; leave no process behind.
@@ -391,3 +399,9 @@ def _stop_all() -> None:
                 file=sys.__stdout__,
                 flush=True,
             )
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """Whether a start failed because a port ipyparallel's controller picked (free when picked,
+    bound later by its processes) was taken meanwhile by another process on this machine."""
+    return "Address already in use" in str(exc)
