@@ -40,9 +40,11 @@ INTERRUPT_GRACE_S = 3.0
 INTERRUPT_GRACE_MAX_S = 15.0
 # How long the other ranks get to finish once one rank has died.
 DEATH_GRACE_S = 1.0
-# Ranks write a beacon only once a wait has lasted 5 ms: before then there is nothing to referee,
-# and a short cell need not pay for reading the store.
-REFEREE_AFTER_S = 0.005
+# How often a running cell reads the ranks' prompts and beacons from the store: ranks write a
+# beacon only once a wait has lasted 5 ms (before then there is nothing to referee, and a short
+# cell need not pay for reading the store), and a read on every wake (one per finishing rank)
+# would read N keys N times a cell.
+LOOK_EVERY_S = 0.005
 # How long to wait for a finished rank's last output messages.
 OUTPUT_WAIT_S = 2.0
 # How often a running cell looks for dead processes (one poll() of their pidfds, ~5 us).
@@ -107,15 +109,17 @@ class CellRun:
         timeout = self.request.timeout
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
-        looked = start
+        looked = read = start
         try:
             while not self._all_done():
                 self._wake.wait(0.05)
                 self._wake.clear()
                 if self.output.live and self._output_due():
                     self.output.update(self._outputs(), self._printing)
+                due = time.monotonic() - read >= LOOK_EVERY_S
+                read = time.monotonic() if due else read
                 # a rank that waits for an answer is not done: nothing to serve once all are
-                paused = self.desk.serve(self) if not self._all_done() else 0.0
+                paused = self.desk.serve(self) if due and not self._all_done() else 0.0
                 if self.visual is not None:  # ranks stopped in JupyterLab's debugger
                     stopped, self._visual_s = self._visual_s, self.visual.stopped_seconds()
                     paused += self._visual_s - stopped
@@ -129,7 +133,7 @@ class CellRun:
                 if time.monotonic() - looked >= DEATHS_EVERY_S:
                     self._check_deaths()
                     looked = time.monotonic()
-                if self.referee is not None and time.monotonic() - start >= REFEREE_AFTER_S:
+                if self.referee is not None and due:
                     self.referee.tick(self.request, states, failures)
                 if deadline is not None and time.monotonic() >= deadline:
                     self._raise_timeout(time.monotonic() - start - self.paused_s)
