@@ -138,7 +138,7 @@ def stuck_message(ranks: Iterable[int]) -> str:
 
 
 def error_of(ar: Any) -> BaseException | None:
-    """The error of a finished single-engine AsyncResult, or None if it succeeded."""
+    """The error of a finished rank's request (`streams.Reply`), or None if it succeeded."""
     try:
         ar.get(timeout=0)
     except Exception as exc:

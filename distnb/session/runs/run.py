@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from distnb import errors, keys
 from distnb.ranklist import format_ranks
@@ -31,7 +30,7 @@ from distnb.session.runs.deadlock import held_up_by
 from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
 from distnb.session.runs.referee import DesyncReferee
 from distnb.session.runs.request import CellRequest, CellResult
-from distnb.session.runs.streams import StreamLog, execute
+from distnb.session.runs.streams import Reply, StreamLog, execute
 from distnb.views.output import CellOutput, RankOutput
 
 # How long ranks get to stop after an interrupt before distnb says they are stuck, on a quiet
@@ -76,7 +75,7 @@ class CellRun:
         self.referee = referee
         self.on_death = on_death
         self._wake = threading.Event()
-        self.results: dict[int, Any] = {}
+        self.results: dict[int, Reply] = {}
         self.logs: dict[int, StreamLog] = {}  # each rank's writes, in the order written
         self._writes = 0  # how many of them the output has been given
         self.output: CellOutput | None = None
@@ -95,11 +94,11 @@ class CellRun:
         if self.visual is not None:
             self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
             self._visual_s = self.visual.stopped_seconds()
-        for info in self.targets:
-            log = self.logs[info.rank] = StreamLog(self._wake)
-            ar = execute(self.cluster.view(info.engine_id), req.code, log)
-            ar.add_done_callback(lambda _f: self._wake.set())
-            self.results[info.rank] = ar
+        self.logs = {info.rank: StreamLog(self._wake) for info in self.targets}
+        views = {info.rank: self.cluster.view(info.engine_id) for info in self.targets}
+        self.results = execute(views, req.code, self.logs)
+        for reply in self.results.values():
+            reply.add_done_callback(lambda _f: self._wake.set())
         self.output = CellOutput([t.rank for t in self.targets])
         return self
 
@@ -239,7 +238,7 @@ class CellRun:
     def _outputs(self) -> list[RankOutput]:
         outputs = []
         for info in self.targets:
-            md = _live_metadata(self.results[info.rank])
+            md = self.results[info.rank].metadata  # grows as iopub messages arrive
             displays = list(md["outputs"])
             if md["execute_result"]:
                 displays.append({**md["execute_result"], "execute_result": True})
@@ -339,14 +338,3 @@ class CellRun:
             self._wake.wait(0.05)
             self._wake.clear()
         return [t for t in running if not self.results[t.rank].done()]
-
-
-def _live_metadata(ar: Any) -> Any:
-    """The dict of an engine's output that grows as iopub messages arrive.
-
-    `AsyncResult.metadata` returns it too, but first parses its four timestamps with dateutil
-    on every access (~0.4 ms per rank, a tenth of an empty cell's round trip); distnb reads no
-    timestamps, so it takes the dict as ipyparallel 9 keeps it, and falls back to the property.
-    """
-    stored = getattr(ar, "_metadata", None)
-    return stored[0] if isinstance(stored, list) and stored else ar.metadata

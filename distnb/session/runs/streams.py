@@ -10,13 +10,15 @@ also wakes the run's wait loop, which shows new lines at once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from distnb.views.lines import Write
 
-__all__ = ["StreamLog", "execute"]
+__all__ = ["Reply", "StreamLog", "execute"]
 
 
 class StreamLog:
@@ -43,24 +45,61 @@ class StreamLog:
         self._wake.set()
 
 
-def execute(view: Any, code: str, log: StreamLog) -> Any:
-    """`view.execute(code, silent=False, block=False)` for a view of one engine, with `log` fed
-    every stream message of the request.
+def execute(views: Mapping[int, Any], code: str, logs: Mapping[int, StreamLog]) -> dict[int, Reply]:
+    """`view.execute(code, silent=False, block=False)` on each rank's view of one engine, with
+    the rank's log fed every stream message of its request: each rank's `Reply`.
 
     `DirectView.execute` offers no way to attach a callback before the request is sent, and one
     attached after it may miss the first messages; `Client.send_execute_request` does
-    (`message_future_hook`), so this is `DirectView.execute` with the hook.
+    (`message_future_hook`), so this is `DirectView.execute` with the hook. As `%px` does, the
+    requests share one `AsyncResult`, which drops their replies and outputs from the client's
+    caches once all arrived (one per rank cost ~0.7 ms each at 16 ranks).
     """
     from ipyparallel.client.asyncresult import AsyncResult
 
-    client = view.client
-    idents, targets = client._build_targets(view.targets)
-    future = client.send_execute_request(
-        view._socket,
-        code,
-        silent=False,
-        ident=idents[0],
-        metadata={"label": None},
-        message_future_hook=lambda f: f.iopub_callbacks.append(log.receive),
-    )
-    return AsyncResult(client, future, fname="execute", targets=targets, owner=True)
+    futures, targets = {}, []
+    for rank, view in views.items():
+        client, log = view.client, logs[rank]
+        idents, (target,) = client._build_targets(view.targets)
+        futures[rank] = client.send_execute_request(
+            view._socket,
+            code,
+            silent=False,
+            ident=idents[0],
+            metadata={"label": None},
+            message_future_hook=lambda f, log=log: f.iopub_callbacks.append(log.receive),
+        )
+        targets.append(target)
+    if futures:
+        AsyncResult(client, list(futures.values()), fname="execute", targets=targets, owner=True)
+    return {rank: Reply(future) for rank, future in futures.items()}
+
+
+class Reply:
+    """One rank's request of a cell, as its single-engine `AsyncResult` would show it."""
+
+    def __init__(self, future: Any) -> None:
+        self._future = future  # ipyparallel's MessageFuture: the reply, and `.output`
+        self.msg_ids = [future.msg_id]
+        self.metadata = future.output.metadata  # grows as the engine's iopub messages arrive
+
+    def done(self) -> bool:
+        return bool(self._future.done())
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._future.add_done_callback(fn)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The reply; the rank's error is raised (a `RemoteError`, ipyparallel's `EngineError`)."""
+        try:
+            result = self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError("Result not ready.") from None
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def wait_for_output(self, timeout: float | None = None) -> bool:
+        """Whether the reply and every output message arrived, waiting up to `timeout` s."""
+        both = (self._future, self._future.output)
+        return not concurrent.futures.wait(both, timeout).not_done
