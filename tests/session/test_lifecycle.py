@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -54,3 +55,38 @@ def test_a_dying_rank_is_named_at_once_and_restart_recovers(code: str, how: str)
         s.restart()
         result = s.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()")
         assert result.result(1) == "2.0"
+
+
+def test_the_process_tree_is_read_in_one_look_as_psutil_reads_it() -> None:
+    """`processes.descendants` (one look at the process table for every launcher) finds what
+    psutil's `children(recursive=True)` finds, each parent before its children."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from distnb.session.cluster.processes import descendants
+
+    sleeper = "import time; time.sleep(60)"
+    parent = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {sleeper!r}])\ntime.sleep(60)"
+    )
+    top = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(top.pid).children(recursive=True)) < 1:
+            assert time.monotonic() < deadline, "the child did not start"
+            time.sleep(0.01)
+        found = descendants([top.pid, os.getpid()])
+        assert [p.pid for p in found[top.pid]] == [
+            p.pid for p in psutil.Process(top.pid).children(recursive=True)
+        ]
+        mine = [p.pid for p in found[os.getpid()]]
+        assert top.pid in mine and found[top.pid][0].pid in mine
+        assert mine.index(top.pid) < mine.index(found[top.pid][0].pid)
+    finally:
+        for p in psutil.Process(top.pid).children(recursive=True):
+            p.kill()
+        top.kill()
+        top.wait()

@@ -97,11 +97,13 @@ class Members:
         """Record every process the launchers started (their children and theirs) with its
         role, and tell the reaper, which kills them if the kernel dies without stopping them."""
         engine_launchers = {p.pid for p in self._engine_processes()}
-        for top in self._launcher_processes():
+        tops = self._launcher_processes()
+        below = processes.descendants(top.pid for top in tops)
+        for top in tops:
             self._add(top, role_of(top, engine_launchers), 0)
             self._launcher_of(top.pid)
             with contextlib.suppress(psutil.NoSuchProcess):
-                for child in top.children(recursive=True):
+                for child in below[top.pid]:
                     ppid = processes.parent_pid(child)
                     if ppid is None:
                         continue  # gone already: a short-lived helper, not a launcher's own
