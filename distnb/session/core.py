@@ -25,7 +25,7 @@ from distnb.records.cell import RankFailure, RankInfo
 from distnb.session import automode, data, inspection, replicas, status
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
-from distnb.session.cluster.launch import Ended
+from distnb.session.cluster.launch import Ended, port_taken
 from distnb.session.cluster.stopped import StopReport, stop_report
 from distnb.session.control import ControlPlane, boards_pattern
 from distnb.session.joining import join
@@ -67,15 +67,14 @@ class Session:
         """
         if self._cluster is not None:
             raise SessionError("this session is already running; stop() or restart() it first")
-        opts = self.options
-        progress = Progress(opts.n, enabled=opts.progress)
+        progress = Progress(self.options.n, enabled=self.options.progress)
         for attempt in range(2):
             try:
                 self._launch(progress)
                 break
             except BaseException as exc:
                 self._teardown()
-                if attempt == 0 and _port_taken(exc):
+                if attempt == 0 and port_taken(exc):
                     continue  # another process took a port ipyparallel had picked: pick again
                 progress.close()
                 if isinstance(exc, (ConfigError, KeyboardInterrupt)):
@@ -399,9 +398,3 @@ def _stop_all() -> None:
                 file=sys.__stdout__,
                 flush=True,
             )
-
-
-def _port_taken(exc: BaseException) -> bool:
-    """Whether a start failed because a port ipyparallel's controller picked (free when picked,
-    bound later by its processes) was taken meanwhile by another process on this machine."""
-    return "Address already in use" in str(exc)

@@ -64,7 +64,7 @@ def test_a_forged_value_written_once_is_named_at_once(server: dist.TCPStore) -> 
         ForgedValueError, match=r"rank 1's host identity \('check/host/1'\) was ove"
     ):
         store.get(keys.host(1))
-    assert time.monotonic() - started < 1.0  # at once, not the store's timeout
+    assert time.monotonic() - started < 10  # at once, not the store's 30 s timeout
     assert not store.check([keys.host(1)]) and store.multi_get([keys.host(1)]) == [b""]
     assert take_forged(store) == [keys.host(1)] and take_forged(store) == []
 

@@ -31,7 +31,7 @@ from distnb.session.cluster.engines import EngineKind
 from distnb.session.cluster.members import Member, Members, describe
 from distnb.session.cluster.stopped import LIFELINE_BOUND_S
 
-__all__ = ["Cluster", "Ended"]
+__all__ = ["Cluster", "Ended", "port_taken"]
 
 # Controller settings that matter for an interactive tool: threads instead of 6 forked
 # scheduler processes (~230 MB less); a 100 ms heartbeat, because registration waits for the
@@ -269,3 +269,9 @@ def _registered(on_progress: Callable[[str, int], None], ids: list[int], queued:
     how their batch job waits."""
     which = f" ({', '.join(map(str, sorted(ids)))})" if ids else ""
     on_progress(queued or f"engines registered{which}", len(ids))
+
+
+def port_taken(exc: BaseException) -> bool:
+    """Whether a start failed because a port ipyparallel's controller picked (free when picked,
+    bound later by its processes) was taken meanwhile by another process on this machine."""
+    return "Address already in use" in str(exc)
