@@ -52,6 +52,7 @@ from distnb.session.debugger.dap import DapClient, DapError
 from distnb.session.debugger.ids import RESUMING, ROUTED, decode, encode, kernels
 from distnb.session.debugger.panel import Panel
 from distnb.session.debugger.variables import LISTED, Variables
+from distnb.session.load import stretched
 
 if TYPE_CHECKING:
     from distnb.records.cell import RankInfo
@@ -369,17 +370,18 @@ class VisualDebugger:
         leave the panel showing a rank that runs, and answer requests the frontend did not
         mean)."""
         self.panel.quiet()
+        wait_s = stretched(5.0, 30.0)  # ranks answer late on a loaded machine: wait for them
         for rank in sorted(self.stopped):
             client = self.clients.get(rank)
             thread = self.stopped[rank].get("threadId", 0)
             self._mark_running(rank)
             if client is not None and not client.closed:
                 with contextlib.suppress(DapError):
-                    client.request("continue", {"threadId": thread}, timeout=5)
+                    client.request("continue", {"threadId": thread}, timeout=wait_s)
         for client in list(self.clients.values()):
             if not client.closed:  # a proper goodbye: the rank's adapter takes the next client
                 with contextlib.suppress(DapError):
-                    client.request("disconnect", {"terminateDebuggee": False}, timeout=5)
+                    client.request("disconnect", {"terminateDebuggee": False}, timeout=wait_s)
             client.close()
         self.clients.clear()
 
