@@ -16,6 +16,7 @@ from distnb import keys
 from distnb.rank.debug import relay
 from distnb.rank.debug.relay import Relay
 from distnb.rank.signed import SignedStore
+from tests.conftest import NAMED_S
 
 SECRET = os.urandom(32)
 
@@ -72,15 +73,15 @@ def test_bytes_cross_both_ways_in_order_and_in_pieces(server: dist.TCPStore) -> 
 def test_either_end_closing_ends_the_other(server: dist.TCPStore) -> None:
     ours, adapter_end, kernel, rank = relayed(server)
     ours.close()  # the kernel's debugger disconnects: the rank's adapter sees its client go
-    adapter_end.settimeout(10)
+    adapter_end.settimeout(NAMED_S)
     assert adapter_end.recv(10) == b""
-    assert kernel.ended.wait(5) and rank.ended.wait(5)
+    assert kernel.ended.wait(NAMED_S) and rank.ended.wait(NAMED_S)
 
     ours, adapter_end, kernel, _ = relayed(server)
     adapter_end.close()  # the rank's adapter goes (the rank died): the kernel's end is told
-    ours.settimeout(10)
+    ours.settimeout(NAMED_S)
     assert ours.recv(10) == b""
-    assert kernel.ended.wait(5)
+    assert kernel.ended.wait(NAMED_S)
 
 
 def test_a_strangers_key_is_not_delivered(server: dist.TCPStore) -> None:
@@ -92,7 +93,7 @@ def test_a_strangers_key_is_not_delivered(server: dist.TCPStore) -> None:
     with pytest.raises(TimeoutError):
         adapter_end.recv(100)
     ours.sendall(b"genuine")  # the kernel's piece 0 replaces the forged one
-    adapter_end.settimeout(10)
+    adapter_end.settimeout(NAMED_S)
     assert read(adapter_end, 7) == b"genuine"
     ours.close()
 
@@ -113,8 +114,8 @@ def test_a_piece_overwritten_after_it_was_sent_ends_the_connection_saying_so(
     raw.set(key, b"d" * 40 + b"forged")  # a stranger writes over it before the rank reads it
     rank_end, adapter_end = adapter()
     rank = Relay(rank_end, "1-ab", "kernel", (client(server), client(server)))
-    assert rank.ended.wait(10)
-    adapter_end.settimeout(10)
+    assert rank.ended.wait(NAMED_S)
+    adapter_end.settimeout(NAMED_S)
     assert adapter_end.recv(10) == b""  # nothing forged reached the adapter
     said = capfd.readouterr().err
     assert "the visual debugger's connection to rank 1 ended" in said
