@@ -48,10 +48,11 @@ def descendants(pids: Iterable[int]) -> dict[int, list[psutil.Process]]:
         below.setdefault(ppid, []).append(pid)
     found = {}
     for top in pids:
-        order, queue, at = [], [top], 0
+        order, queue, seen, at = [], [top], {top}, 0
         while at < len(queue):
             for child in below.get(queue[at], []):
-                if child not in queue:
+                if child not in seen:
+                    seen.add(child)
                     queue.append(child)
                     with contextlib.suppress(psutil.Error):  # gone since
                         order.append(psutil.Process(child))

@@ -12,7 +12,6 @@ import secrets
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +19,6 @@ from distnb.records.cell import RankInfo
 from distnb.session.control import ControlPlane
 from distnb.session.debugger.dap import DapClient, DapError, Message
 from distnb.session.debugger.ids import encode
-from distnb.session.load import stretched
 
 __all__ = ["connect", "ready", "set_breakpoints", "threads"]
 
@@ -83,7 +81,7 @@ def _socket(
 ) -> socket.socket:
     """Straight to the adapter on this machine; on another host, relayed."""
     if info.here:
-        return _connect(host, port)
+        return socket.create_connection((host, port), timeout=10)
     from distnb.rank.debug.relay import Relay, connect_adapter
 
     channel = f"{info.rank}-{secrets.token_hex(4)}"
@@ -125,17 +123,3 @@ def set_breakpoints(
             if not client.closed:
                 print(f"distnb: rank {rank} did not take the breakpoints of {path}: {exc}; it "
                       "may run past them", file=sys.stderr)  # fmt: skip
-
-
-def _connect(host: str, port: int) -> socket.socket:
-    """A connection to a rank's adapter on this machine. On a loaded machine its adapter has
-    refused a connection for a while (a loaded test run: the next test's connection, right
-    after the last one's goodbye): ask again for 5 s, longer under load."""
-    deadline = time.monotonic() + stretched(5.0, 30.0)
-    while True:
-        try:
-            return socket.create_connection((host, port), timeout=10)
-        except ConnectionRefusedError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)

@@ -70,7 +70,7 @@ def execute(views: Mapping[int, Any], code: str, logs: Mapping[int, StreamLog]) 
             message_future_hook=lambda f, log=log: f.iopub_callbacks.append(log.receive),
         )
         targets.append(target)
-    if futures:
+    if futures:  # kept alive by its callbacks on the futures, which it cleans up after
         AsyncResult(client, list(futures.values()), fname="execute", targets=targets, owner=True)
     return {rank: Reply(future) for rank, future in futures.items()}
 
