@@ -402,6 +402,19 @@ def test_disconnecting_lets_stopped_ranks_go_on(fe: Frontend) -> None:
     assert status == "ok" and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
 
 
+def test_switching_off_and_on_again_keeps_every_ranks_adapter(fe: Frontend) -> None:
+    """debugpy answers `disconnect` just after its `terminated` event, and an adapter that
+    cannot write that answer exits: a kernel closing its end on `terminated` lost a rank's
+    adapter for good, now and then (often on a loaded machine)."""
+    for _ in range(8):  # each time, the kernel connects to both ranks' adapters again
+        dap, _path, msg_id = run_with_breakpoints(fe, CELL, 3)
+        dap.event("stopped")
+        assert len(stopped_threads(dap, 2)) == 2
+        dap.body("disconnect", restart=False, terminateDebuggee=False)
+        status, text = output(fe, msg_id, dap)
+        assert status == "ok" and "cannot reach" not in text, text
+
+
 def test_a_new_cluster_while_attached_is_debugged_too(fe: Frontend) -> None:
     dap = attach(fe)
     dap.body("configurationDone")

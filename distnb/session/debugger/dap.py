@@ -106,7 +106,7 @@ class DapClient:
         except (OSError, EOFError, StopIteration, ValueError):
             pass
         finally:
-            self._closed = True
+            self.close()  # the adapter ended the connection, or `close` did
             for waiting in list(self._pending.values()):
                 waiting[0].set()  # no response: the request raises DapError
             self._on_event({"type": "event", "event": "distnb.closed", "body": {}})

@@ -318,9 +318,10 @@ class VisualDebugger:
             self._mark_running(rank)
             self.panel.continued(rank, self.resumed_by.pop(rank, ""))
         elif name in ("distnb.closed", "terminated", "exited"):  # the rank or its adapter went
-            client = self.clients.pop(rank, None)
-            if client is not None:
-                client.close()
+            # the socket is the adapter's to close (the client's reader closes it then): debugpy
+            # sends `terminated` just before its answer to `disconnect`, and an adapter that
+            # cannot write that answer exits (os._exit), leaving the rank unreachable for good
+            self.clients.pop(rank, None)
             self._mark_running(rank, beacon=False)
             self.panel.continued(rank, "")
 
