@@ -309,14 +309,20 @@ def test_a_killed_reaper_is_replaced_and_cells_go_on(matrix: Matrix) -> None:
 
 
 def kill_when(monkeypatch: pytest.MonkeyPatch, method: str, role: Role) -> list[int]:
-    """Patch `Cluster.<method>` to SIGKILL the first member with `role` before it runs."""
+    """Patch `Cluster.<method>` to SIGKILL the first member with `role` before it runs (as
+    soon as there is one: engines are forked once their launcher has imported torch)."""
     original = getattr(Cluster, method)
     killed: list[int] = []
 
     def patched(self: Cluster, *args: Any, **kwargs: Any) -> Any:
-        if not killed:
+        deadline = time.monotonic() + NAMED_S
+        while not killed:
             self.members.track()
-            target = next(m for m in self.members if m.role is role)
+            target = next((m for m in self.members if m.role is role), None)
+            if target is None:
+                assert time.monotonic() < deadline, f"no {role.value} started"
+                time.sleep(0.01)
+                continue
             os.kill(target.pid, signal.SIGKILL)
             killed.append(target.pid)
         return original(self, *args, **kwargs)
@@ -415,19 +421,23 @@ def test_engines_still_working_extend_the_wait_for_registration(
     assert int(said.group(1)) >= 2  # each engine worked 2 s of CPU before it idled
 
 
-# An engine that starts short-lived helpers while it boots, as libraries do at import (a CUDA
+# Engines that start short-lived helpers while they boot, as libraries do at import (a CUDA
 # build of torch asks ldconfig, a compiler probes its toolchain): each ends within milliseconds.
 CHURN = """
-import runpy, subprocess, sys, threading, time
+import subprocess, sys, threading, time
+from distnb.rank import engine, forks
 def churn():
     end = time.monotonic() + 8
     while time.monotonic() < end:
         helpers = [subprocess.Popen(["true"]) for _ in range(8)]
         for helper in helpers:
             helper.wait()
-threading.Thread(target=churn, daemon=True).start()
-sys.argv[0] = "engine"
-runpy.run_module("distnb.rank.engine", run_name="__main__")
+boot = engine.main
+def main():
+    threading.Thread(target=churn, daemon=True).start()
+    boot()
+engine.main = main
+sys.exit(forks.main(sys.argv[1:]))
 """
 
 

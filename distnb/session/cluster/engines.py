@@ -23,9 +23,13 @@ from typing import Any
 
 from distnb.errors import ConfigError, warn
 
-__all__ = ["DEFAULT_CPU_RANKS", "EngineKind", "Launcher", "Local", "Mpi", "engine_command"]
+__all__ = [
+    "DEFAULT_CPU_RANKS", "FORKS", "EngineKind", "Launcher", "Local", "Mpi", "engine_command",
+    "forked_engines", "forks_folder",
+]  # fmt: skip
 
 DEFAULT_CPU_RANKS = 2
+FORKS = "distnb.rank.forks"  # the module that forks the engines of this machine
 # Engines a silent heart monitor drops after this many missed 100 ms beats: 10 s, so that a
 # loaded 2-core machine does not lose ranks (a rank that really dies is reported at once by
 # its nanny). Engines on other hosts override it (see `ssh.Ssh`).
@@ -88,7 +92,8 @@ FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "DISTNB_")
 
 
 class Local(EngineKind):
-    """Engines on this machine (ipyparallel's local launcher); by default one rank per GPU."""
+    """Engines on this machine, forked from one process (`forked_engines`); by default one
+    rank per GPU."""
 
     def __init__(self, n: int | None, backend: str) -> None:
         allocation = os.environ.get("SLURM_JOB_ID", "")
@@ -101,6 +106,12 @@ class Local(EngineKind):
             )
         # Asking torch costs its import (~1 s): only when the answer matters before launching.
         self._gpus = _local_cuda_devices() if n is None or backend == "nccl" else None
+
+    def launcher(self) -> type:
+        return forked_engines()
+
+    def launcher_settings(self) -> dict[str, Any]:
+        return {"engine_cmd": [sys.executable, "-m", FORKS]}
 
     def ranks(self, n: int | None, backend: str) -> int:
         gpus = self._gpus
@@ -115,6 +126,29 @@ class Local(EngineKind):
                 "Use --backend gloo (or auto)."
             )
         return n
+
+
+def forked_engines() -> type:
+    """ipyparallel's launcher for the engines of this machine, forked from one process that
+    imported them once (`distnb.rank.forks`): one process to launch, as mpiexec is, whose
+    engines keep their logs and exit statuses in the profile's `forks` folder."""
+    from ipyparallel.cluster.launcher import LocalEngineLauncher
+
+    class Forks(LocalEngineLauncher):  # type: ignore[misc]
+        def start(self, n: int) -> Any:
+            self.n = n
+            return super().start()
+
+        def find_args(self) -> list[str]:
+            folder = forks_folder(self.profile_dir)
+            return [*self.engine_cmd, str(self.n), folder, *self.cluster_args, *self.engine_args]
+
+    return Forks
+
+
+def forks_folder(profile: str) -> str:
+    """Where forked engines keep their logs and exit statuses (`distnb.rank.forks`)."""
+    return os.path.join(profile, "forks")
 
 
 class Mpi(EngineKind):

@@ -24,6 +24,7 @@ import psutil
 
 from distnb.reaper import Reaper
 from distnb.session.cluster import processes
+from distnb.session.cluster.engines import forks_folder
 from distnb.session.cluster.oom import OOM_TEXT, OomBaseline
 from distnb.session.load import stretched
 
@@ -82,6 +83,7 @@ class Members:
         self._ipp = ipp_cluster
         self._reaper = reaper
         self._folder = folder  # where a dead engine's log is kept (see `_launcher_of`)
+        self._forks = forks_folder(folder)  # forked engines' logs and exit statuses
         self._procs: dict[int, psutil.Process] = {}
         self._members: dict[int, Member] = {}
         self._log_marks: dict[int, int] = {}
@@ -107,7 +109,9 @@ class Members:
                     ppid = processes.parent_pid(child)
                     if ppid is None:
                         continue  # gone already: a short-lived helper, not a launcher's own
-                    self._add(child, child_role(child, self._members.get(ppid)), ppid)
+                    forked = self._forked(child.pid, "log")  # an engine has its command line
+                    role = Role.ENGINE if forked else child_role(child, self._members.get(ppid))
+                    self._add(child, role, ppid)
         self._reaper.watch(list(self._procs))
 
     def count_ooms(self, pids: Iterable[int]) -> None:
@@ -116,10 +120,12 @@ class Members:
 
     def _add(self, proc: psutil.Process, role: Role, parent: int) -> None:
         known = self._members.get(proc.pid)
-        if known is not None and known.role is Role.LAUNCHER and role is Role.ENGINE:
-            # looked at between its fork and its exec (the parent's command line): it is an
-            # engine, as it now shows
+        if known is not None and known.role in (Role.LAUNCHER, Role.OTHER) and role is Role.ENGINE:
+            # looked at between its fork and its exec (the parent's command line), or a forked
+            # engine before it opened its log: it is an engine, as it now shows
             self._members[proc.pid] = Member(proc.pid, role, parent)
+            if proc.pid not in self._exits:
+                self._exits.add(proc)
         if proc.pid not in self._procs:
             self._procs[proc.pid] = proc
             self._members[proc.pid] = Member(proc.pid, role, parent)
@@ -158,7 +164,8 @@ class Members:
         return [
             f"{describe(m)}:\n{tail}"
             for m in self._members.values()
-            if m.parent == 0 and (tail := self.log_tail(m.pid, lines=lines))
+            if (m.parent == 0 or self._forked(m.pid, "log"))
+            and (tail := self.log_tail(m.pid, lines=lines))
         ]
 
     def dead(self) -> Member | None:
@@ -234,6 +241,8 @@ class Members:
         """
         proc = self._procs.get(pid)
         launcher = self._launcher_of(pid)
+        if proc is not None and self._forked(pid, "log"):
+            return self._forked_exit(pid, wait)
         if proc is None or launcher is None:
             return None
         thread = getattr(launcher, "_wait_thread", None)
@@ -277,10 +286,13 @@ class Members:
 
     def log_shared(self, pid: int) -> bool:
         """Whether the process writes to its launcher's log with others (under mpiexec)."""
-        return self._launcher_of(pid) is None and bool(self.log_path(pid))
+        own = self._launcher_of(pid) is not None or self._forked(pid, "log")
+        return not own and bool(self.log_path(pid))
 
     def log_path(self, pid: int) -> str:
         """The log a process writes to (ranks under mpiexec share its log), or ""."""
+        if forked := self._forked(pid, "log"):
+            return forked
         launcher = self._launcher_of(pid)
         if launcher is None and (member := self._members.get(pid)) and member.parent:
             launcher = self._launcher_of(member.parent)  # an MPI rank writes to mpiexec's
@@ -288,6 +300,22 @@ class Members:
             return ""
         path = self._logs.get(launcher.process.pid, getattr(launcher, "output_file", None))
         return path if isinstance(path, str) and os.path.exists(path) else ""
+
+    def _forked(self, pid: int, what: str) -> str:
+        """A forked engine's file (`log`, `exit`: `distnb.rank.forks`), or "" if there is none."""
+        path = os.path.join(self._forks, f"{pid}.{what}")
+        return path if os.path.exists(path) else ""
+
+    def _forked_exit(self, pid: int, wait: float) -> int | None:
+        """A forked engine's exit status, as its launcher wrote it (within `wait` seconds)."""
+        deadline = time.monotonic() + wait
+        while not (path := self._forked(pid, "exit")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            with open(path or os.devnull) as f:
+                return int(f.read())
+        except ValueError:
+            return None
 
     def _launcher_of(self, pid: int) -> Any:
         # Kept from `track`: in a kernel, whose event loop runs ipyparallel's callbacks, an
@@ -312,7 +340,7 @@ def role_of(proc: psutil.Process, engine_launchers: set[int]) -> Role:
     """The role of a launcher's own process (`engine_launchers`: the engine sets' pids)."""
     if proc.pid not in engine_launchers:
         return Role.CONTROLLER
-    return Role.ENGINE if is_engine(proc) else Role.LAUNCHER  # mpiexec, srun, ssh
+    return Role.ENGINE if is_engine(proc) else Role.LAUNCHER  # mpiexec, srun, ssh, forks
 
 
 def child_role(proc: psutil.Process, parent: Member | None) -> Role:

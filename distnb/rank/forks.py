@@ -1,0 +1,96 @@
+"""The engines of one machine, forked from one process that imported them once:
+`python -m distnb.rank.forks N FOLDER [ipengine arguments]`.
+
+Importing torch, ipykernel and ipyparallel's engine is most of what an engine costs to start
+(about 1.4 of its 1.6 s of CPU here) and most of its private memory. This process imports them
+(`distnb.rank.engine`) and forks N engines, which share those pages until they write to them;
+raw ipyparallel pays the import once per engine. CUDA is never touched here and no thread is
+started before the fork, so each engine starts as one started alone would, and picks its device
+after the fork as before.
+
+Each engine, a child of this process:
+
+- writes its output to `FOLDER/PID.log` (fds 1 and 2), as an engine started alone writes to
+  its launcher's log, so the kernel shows what a rank said last (`members.Members.log_path`);
+- runs distnb's engine (`distnb.rank.engine.main`) with the ipengine arguments.
+
+This process is the engines' launcher: it writes each engine's exit status to `FOLDER/PID.exit`
+(negative: the signal that ended it; `members.Members.exit_status` reads it), passes SIGTERM
+(ipyparallel's stop) on to the engines, and ends once they all have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    count, folder, engine_args = int(argv[0]), argv[1], argv[2:]
+    os.makedirs(folder, exist_ok=True)
+    from distnb.rank import engine  # torch, ipykernel, ipyparallel's engine: once, for all
+
+    _ = engine.torch.distributed.is_available()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()  # what was imported stays out of the collector: its pages stay shared
+    children: set[int] = set()
+    signal.signal(signal.SIGTERM, lambda *_: _pass_on(children, signal.SIGTERM))
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            _engine(folder, engine_args, engine.main)
+        children.add(pid)
+    failed = 0
+    while children:
+        pid, status = os.wait()
+        children.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        _write(os.path.join(folder, f"{pid}.exit"), str(code))
+        failed = failed or code
+    return 1 if failed else 0
+
+
+def _engine(folder: str, engine_args: list[str], run: Callable[[], None]) -> NoReturn:
+    """In a forked child: become an engine; never return into the launcher's loop."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        log = os.open(os.path.join(folder, f"{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        sys.argv = ["ipengine", *engine_args]
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        os.write(2, traceback.format_exc().encode(errors="replace"))
+    os._exit(code)
+
+
+def _pass_on(children: set[int], sig: int) -> None:
+    for pid in list(children):
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(pid, sig)
+
+
+def _write(path: str, text: str) -> None:
+    """`text` in `path`, whole or not at all (a reader never sees half of it)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
