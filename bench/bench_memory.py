@@ -102,7 +102,12 @@ def measure(notebook: Path, timeout: float) -> list[Row]:
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
     sources = ["".join(c["source"]) for c in cells]
     stop_at = next((i for i, s in enumerate(sources) if STOP.search(s)), len(cells))
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(notebook.parent))
+    # the user's IPython history is theirs: the bench's cells stay out of it
+    km, kc = start_new_kernel(
+        kernel_name="python3",
+        cwd=str(notebook.parent),
+        extra_arguments=["--HistoryManager.enabled=False"],
+    )
     try:
         for cell, source in zip(cells[:stop_at], sources[:stop_at]):
             run(kc, source, RAISES in cell.get("metadata", {}).get("tags", []), timeout)
