@@ -165,7 +165,7 @@ class Members:
             f"{describe(m)}:\n{tail}"
             for m in self._members.values()
             if (m.parent == 0 or self._forked(m.pid, "log"))
-            and (tail := self.log_tail(m.pid, lines=lines))
+            and (tail := self.log_tail(m.pid, lines=lines, ipp=True))
         ]
 
     def dead(self) -> Member | None:
@@ -265,10 +265,11 @@ class Members:
             with contextlib.suppress(OSError):
                 self._log_marks[pid] = os.path.getsize(path) if path else 0
 
-    def log_tail(self, pid: int, lines: int = 5, since: int = 0) -> str:
+    def log_tail(self, pid: int, lines: int = 5, since: int = 0, ipp: bool = False) -> str:
         """The last lines a process wrote to its log from byte `since` on that are not
         ipyparallel's own logging (which is what follows a crash, and hides what the crash
-        printed, e.g. gloo's `EnforceNotMet ... Received data size doesn't match`)."""
+        printed, e.g. gloo's `EnforceNotMet ... Received data size doesn't match`), or with
+        it (`ipp`: what an engine that never registered said, e.g. a registration timed out)."""
         path = self.log_path(pid)
         if not path:
             return ""
@@ -278,7 +279,7 @@ class Members:
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""
-        return "\n".join(own_lines(text)[-lines:])
+        return "\n".join(own_lines(text, ipp)[-lines:])
 
     def log_since_mark(self, pid: int) -> str:
         """What a process wrote to its log since `mark_logs` last saw it."""
@@ -385,12 +386,12 @@ def exit_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def own_lines(text: str) -> list[str]:
+def own_lines(text: str, ipp: bool = False) -> list[str]:
     """The lines of a log that the process wrote itself, not ipyparallel's logging (which is
     what follows a crash, and would hide what the crash printed); long lines are cut."""
     lines = []
     for line in text.splitlines():
-        if line.strip() and not _IPP_LOG.match(line):
+        if line.strip() and (ipp or not _IPP_LOG.match(line)):
             cut = line.rstrip()
             lines.append(cut if len(cut) <= _LINE_CHARS else cut[:_LINE_CHARS] + " ...")
     return lines
