@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from distnb.session.load import stretched
 from tests.kernel_driver import Frontend, Reply, with_ranks
 
 pytestmark = pytest.mark.cluster
@@ -55,6 +56,9 @@ def still_works(fe: Frontend) -> None:
     """The next cell runs on the same process group."""
     code = "%%allranks\nx = torch.ones(1) * (rank + 1)\ndist.all_reduce(x)\nprint(x.item())"
     reply = fe.run(code)
+    if reply.status == "aborted":  # ipykernel aborts a request that reaches it right after an
+        # error, until its own "stop aborting" message passes (a loaded machine): send it again
+        reply = fe.run(code)
     assert reply.status == "ok", reply.text
     assert "[ranks 0-1] 3.0" in reply.text
 
@@ -182,14 +186,16 @@ def test_getpass_on_a_rank_asks_with_hidden_input(fe: Frontend) -> None:
 
 
 def test_time_in_the_debugger_is_not_the_cells(fe: Frontend) -> None:
+    limit = stretched(2.0, 20.0)  # the cell's own time, outside the prompt, on a loaded machine
+
     def slowly(line: str) -> object:
         def answer(prompt: str) -> str:
-            time.sleep(2.5)  # past the cell's timeout
+            time.sleep(limit + 0.5)  # past the cell's timeout
             return line
 
         return answer
 
-    code = "%%allranks --timeout 2\nx = torch.ones(2)\nif rank == 1:\n    breakpoint()\n"
+    code = f"%%allranks --timeout {limit:.1f}\nx = torch.ones(2)\nif rank == 1:\n    breakpoint()\n"
     reply = fe.run(code + "dist.all_reduce(x)\nprint(x)", [slowly("p x"), "c"])
     assert reply.status == "ok", reply.text
     assert "RankTimeoutError" not in reply.text
