@@ -32,14 +32,17 @@ from distnb.ranklist import format_ranks
 from distnb.records.cell import RankState
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
 from distnb.session.debugger import many
+from distnb.session.load import stretched
 
 __all__ = ["Desk", "Prompts", "RunView", "frontend_stdin"]
 
 # How long the rank at hand gets to stop again after a stepping command before another stopped
 # rank gets the prompt (a step over a long call may take longer: the other rank goes first).
 STEP_GRACE_S = 0.5
-# How long a rank's output may trail its prompt (iopub and the store are separate channels).
+# How long a rank's output may trail its prompt (iopub and the store are separate channels):
+# on a loaded machine longer, up to OUTPUT_MOST_S (the wait ends once the output is in).
 OUTPUT_WAIT_S = 2.0
+OUTPUT_MOST_S = 30.0
 # How long the first prompt of a run, and `ranks ... CMD`, wait for ranks still on their way to
 # a stop (so that ranks stopping together are asked in rank order, and a command reaches them).
 GATHER_S = 1.0
@@ -150,7 +153,7 @@ class Desk:
 
     def _show_up_to(self, run: RunView, request: InputRequest) -> None:
         """Wait until the kernel has the rank's output written before it asked, then show it."""
-        deadline = time.monotonic() + OUTPUT_WAIT_S
+        deadline = time.monotonic() + stretched(OUTPUT_WAIT_S, OUTPUT_MOST_S)
         while time.monotonic() < deadline:
             out, err = run.written(request.rank)
             if out >= request.stdout and err >= request.stderr:
@@ -297,7 +300,7 @@ class Desk:
                 waiting -= set(held)
         notes.update({r: "(distnb: still running the command)\n" for r in waiting})
         upto = {r: (q.stdout, q.stderr) for r, q in self.pending.items() if r in targets}
-        out_deadline = time.monotonic() + OUTPUT_WAIT_S
+        out_deadline = time.monotonic() + stretched(OUTPUT_WAIT_S, OUTPUT_MOST_S)
         for rank in targets:
             counts = upto.get(rank)
             while counts is not None and time.monotonic() < out_deadline:
