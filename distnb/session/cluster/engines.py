@@ -141,18 +141,9 @@ def forked_engines() -> type:
 
         def find_args(self) -> list[str]:
             folder = forks_folder(self.profile_dir)
-            return [
-                *self.engine_cmd, str(self.n), folder, *self.cluster_args, *PATIENT,
-                *self.engine_args,
-            ]  # fmt: skip
+            return [*self.engine_cmd, str(self.n), folder, *self.cluster_args, *self.engine_args]
 
     return Forks
-
-
-# Forked engines are ready within a second, often before a loaded machine's controller has
-# written its connection file (ipyparallel's engine gives up after 10 s) or answers their
-# registration (5 s): the kernel's own wait for registration (`Cluster.wait_registered`) judges.
-PATIENT = ("--IPEngine.wait_for_url_file=300", "--IPEngine.timeout=60")
 
 
 def forks_folder(profile: str) -> str:
