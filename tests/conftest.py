@@ -29,7 +29,11 @@ import pytest
 # Module level, not a fixture: pytest imports this file before it collects any test module, so
 # no IPython shell or kernel can exist yet. Variables a user set are replaced too: the run must
 # neither write to their folders nor read their startup files, configs and kernelspecs.
-PRIVATE_DIRS = Path(tempfile.mkdtemp(prefix="distnb-tests-"))
+# A process a test spawns (`mp.spawn` imports the test's module, and with it this file) keeps
+# the run's folders: a folder of its own would outlive the run, since only the run removes its.
+_INHERITED = os.environ.get("DISTNB_TESTS_DIRS", "")
+PRIVATE_DIRS = Path(_INHERITED or tempfile.mkdtemp(prefix="distnb-tests-"))
+os.environ["DISTNB_TESTS_DIRS"] = str(PRIVATE_DIRS)
 PRIVATE_ENV = {
     "IPYTHONDIR": str(PRIVATE_DIRS / "ipython"),
     "JUPYTER_CONFIG_DIR": str(PRIVATE_DIRS / "jupyter-config"),
@@ -48,7 +52,8 @@ for _name in [k for k in os.environ if k.startswith("SLURM") and k != "SLURM_CON
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(PRIVATE_DIRS, ignore_errors=True)
+    if not _INHERITED:
+        shutil.rmtree(PRIVATE_DIRS, ignore_errors=True)
 
 
 if TYPE_CHECKING:
