@@ -16,6 +16,10 @@ makes a rank's death legible and quick to report:
   is not reported dead until it is written.
 - **SIGTERM ends the rank at once.** ipyparallel's engine would finish the running cell first
   (forever, for a rank waiting at a collective), and its death would go unreported meanwhile.
+- **patience with the controller.** An engine is ready within a second of its launch (a forked
+  one) and often before a loaded machine's controller has written its connection file or can
+  answer a registration; ipyparallel's engine gives up after 10 s and 5 s. The kernel's own wait
+  for the ranks' registration (`Cluster.wait_registered`) judges a start, with its report.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 import torch.distributed
 from ipykernel.iostream import OutStream
 from ipyparallel.engine.app import IPEngine
+from traitlets import default
 
 __all__ = ["Engine", "EngineStream", "main", "torch"]
 
@@ -74,6 +79,14 @@ class EngineStream(OutStream):
 
 class Engine(IPEngine):  # type: ignore[misc]
     """ipyparallel's engine with the stream and signal handling described above."""
+
+    @default("wait_for_url_file")
+    def _wait_for_url_file_default(self) -> float:
+        return 300.0
+
+    @default("timeout")
+    def _timeout_default(self) -> float:
+        return 60.0  # for the controller's answer to the registration
 
     def init_engine(self) -> None:
         self.out_stream_factory = EngineStream

@@ -58,6 +58,27 @@ def test_sigterm_to_the_launcher_ends_every_engine(tmp_path: Path) -> None:
         assert (tmp_path / "forks" / f"{pid}.exit").read_text() == str(-signal.SIGTERM)
 
 
+def test_engines_wait_for_a_late_controller(tmp_path: Path) -> None:
+    # ipyparallel's engine waits 10 s for the connection file and 5 s for the answer to its
+    # registration; a loaded machine's controller can take longer than both
+    (tmp_path / "profile" / "security").mkdir(parents=True)
+    launcher = forks(tmp_path, f"--profile-dir={tmp_path / 'profile'}")
+    try:
+        logs = files(tmp_path / "forks", ".log", 2)
+        deadline = time.monotonic() + NAMED_S
+        while not all("Waiting up to" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text() for log in logs]
+            time.sleep(0.05)
+        for log in logs:
+            assert "Waiting up to 300.0 seconds for it to arrive" in log.read_text()
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=NAMED_S)
+    from distnb.rank.engine import Engine
+
+    assert Engine().timeout == 60.0
+
+
 @pytest.mark.cluster
 def test_a_sessions_engines_are_forked_from_one_launcher(session: Session) -> None:
     cluster = session.cluster
