@@ -44,8 +44,10 @@ STEP_GRACE_S = 0.5
 OUTPUT_WAIT_S = 2.0
 OUTPUT_MOST_S = 30.0
 # How long the first prompt of a run, and `ranks ... CMD`, wait for ranks still on their way to
-# a stop (so that ranks stopping together are asked in rank order, and a command reaches them).
+# a stop (so that ranks stopping together are asked in rank order, and a command reaches them);
+# on a loaded machine longer, up to GATHER_MOST_S (the wait ends once no rank is on its way).
 GATHER_S = 1.0
+GATHER_MOST_S = 10.0
 # How long it waits for the ranks' answers before it shows those it has.
 ANSWERS_WAIT_S = 30.0
 # Debugger commands after which the rank runs on rather than stopping again at once.
@@ -267,7 +269,7 @@ class Desk:
     def _gather(self, run: RunView, asking: int) -> None:
         """Give ranks on their way to a stop a moment to get there (every rank of a training
         step reaches its `breakpoint()` within moments of the first)."""
-        deadline = time.monotonic() + GATHER_S
+        deadline = time.monotonic() + stretched(GATHER_S, GATHER_MOST_S)
         while time.monotonic() < deadline:
             self._collect()
             states = run.states()
