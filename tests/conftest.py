@@ -49,6 +49,10 @@ os.environ.update(PRIVATE_ENV)
 # must not change what a start does; tests/multihost makes allocations of its own.
 for _name in [k for k in os.environ if k.startswith("SLURM") and k != "SLURM_CONF"]:
     del os.environ[_name]
+# A run started in the background of a non-interactive shell (`make test &` in a script) ignores
+# SIGINT, and so would every process it starts: the tests of Ctrl-C would wait for nothing.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
