@@ -237,3 +237,7 @@ def _forget(engine: RemoteEngine) -> None:
     if waiting is not None:
         waiting.set()
     engine.engine_set.launchers.pop(engine.key, None)
+    # Its output, which ipyparallel fetches once it sees the engine end: distnb's engines log
+    # elsewhere, and the fetch waited 10 s for a file that never comes, with an ssh round trip a
+    # second (over a minute per stop on a loaded machine).
+    engine.launcher._output = ""
