@@ -78,15 +78,17 @@ def test_a_gutter_breakpoint_stops_the_ranks_in_jupyterlabs_debugger(lab: Lab, p
         page.locator('button[title^="Next"]').click()
         expect(frames.first).to_contain_text("Cell [*]:4")  # the shown rank stepped one line
         page.screenshot(path=ARTIFACTS / "visual-next.png")
-        for _ in range(4):  # each rank's stop, one at a time, until the cell has run
-            prompt = cell(page, 1).locator(".jp-InputPrompt").text_content() or ""
-            if re.search(r"\[\d+\]", prompt):
-                break
-            continue_button = page.locator('button[title^="Continue"]')
-            if continue_button.is_enabled():
+        # each rank's stop, one at a time, until the cell has run; the Continue button is
+        # there only while a rank is stopped (JupyterLab shows Pause instead while they run)
+        continue_button = page.locator('button[title^="Continue"]')
+        deadline = time.monotonic() + 120
+        while not re.search(
+            r"\[\d+\]", cell(page, 1).locator(".jp-InputPrompt").text_content() or ""
+        ):
+            assert time.monotonic() < deadline, "cell 1 did not run to its end"
+            if continue_button.count() and continue_button.is_enabled():
                 continue_button.click()
-            page.wait_for_timeout(1000)
-        ran(page, 1, timeout=60)
+            page.wait_for_timeout(500)
         text = output_text(cell(page, 1))
         assert "[rank 0] 0 [6.0, 6.0, 6.0]" in text and "[rank 1] 1 [6.0, 6.0, 6.0]" in text, text
     finally:
