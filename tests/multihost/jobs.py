@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tests.attach.jobs import START_S, TRAIN
+from tests.conftest import NAMED_S
 from tests.multihost.hosts import Host, Lan
 
 PYTHON = shlex.quote(sys.executable)
@@ -103,10 +104,15 @@ def wait_for(logs: list[Path], pattern: str, timeout_s: float = START_S) -> None
 
 def end(lan: Lan, mark: str, clients: list[subprocess.Popen[bytes]]) -> None:
     """End the job: every process of every host whose environment holds `mark` (launchers,
-    workers, srun's steps), then the ssh clients that started them."""
-    for pid in left(lan, mark):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    workers, srun's steps), then the ssh clients that started them. A killed process is
+    listed until the kernel has torn it down, and a launcher may start one more meanwhile:
+    the job's processes are killed until none is listed."""
+    deadline = time.monotonic() + NAMED_S
+    while (pids := left(lan, mark)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
     for client in clients:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(client.pid, signal.SIGKILL)
