@@ -145,6 +145,13 @@ def _engine_set() -> type:
         def get_env(self) -> dict[str, str]:
             return {**super().get_env(), LAUNCHED_ON_VAR: str(self.location)}
 
+        def get_output(self, remove: bool = False) -> str:
+            if self._stop_waiting.is_set():
+                # `stop` removed the host's profile copy, which held the output: ipyparallel's
+                # fetch would wait 10 s for it, an ssh round trip a second (a loaded stop: >60 s)
+                return ""
+            return str(super().get_output(remove))
+
         def wait_one(self, timeout: float) -> int:
             try:
                 return int(super().wait_one(timeout))
@@ -237,7 +244,3 @@ def _forget(engine: RemoteEngine) -> None:
     if waiting is not None:
         waiting.set()
     engine.engine_set.launchers.pop(engine.key, None)
-    # Its output, which ipyparallel fetches once it sees the engine end: distnb's engines log
-    # elsewhere, and the fetch waited 10 s for a file that never comes, with an ssh round trip a
-    # second (over a minute per stop on a loaded machine).
-    engine.launcher._output = ""
