@@ -1,13 +1,14 @@
 # Quick start: `make demo` runs distnb's demo, `make test` runs the test suite.
-# Both create .venv on first use. CONSTRAINTS pins torch to the build this project is tested
-# with; users installing distnb elsewhere bring their own torch.
+# Both create .venv on first use. CONSTRAINTS pins what this project's machines install (torch's
+# CPU build, and every other package at the release the suite passed with); users installing
+# distnb elsewhere get its loose ranges and bring their own torch.
 PYTHON ?= python3
 VENV ?= .venv
 CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c $(CONSTRAINTS)
 
-.PHONY: demo test lint bench bench-check compat compat-all clean
+.PHONY: demo test lint lock bench bench-check compat compat-all clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,13 @@ lint: $(VENV)/.installed bench-check
 	$(VENV)/bin/ruff check distnb tests bench
 	$(VENV)/bin/ruff format --check distnb tests bench
 	$(VENV)/bin/mypy
+
+# CONSTRAINTS' pins written again from the venv (its comments and torch's pin kept): after
+# moving the venv to newer releases (`.venv/bin/pip install -U NAME`) and a passing `make test`.
+lock: $(VENV)/.installed
+	{ grep -E '^(#|torch==)' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable \
+	  | grep -v '^torch=='; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 # Every figure the README and docs/performance.md quote, re-derived from the benches' saved
 # output in bench/results/ (no bench runs): fails naming the place of a figure that drifted.

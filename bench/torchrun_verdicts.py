@@ -12,6 +12,7 @@ that hangs costs the whole timeout: 240 s by default.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import tempfile
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.session.thirdparty import VERDICTS, script_path, torchrun_verdict
+from tests.session.thirdparty import ACCELERATE, VERDICTS, script_path, torchrun_verdict
 
 
 def main() -> int:
@@ -27,6 +28,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=240.0)
     parser.add_argument("names", nargs="*", default=list(VERDICTS))
     args = parser.parse_args()
+    installed = importlib.metadata.version("accelerate")
+    print(f"Accelerate {installed}; the table's: {ACCELERATE}")
     differ = 0
     for name in args.names:
         started = time.monotonic()

@@ -11,7 +11,8 @@ answers of tests/notebooks/test_notebooks.py. No process may outlive its noteboo
 killed by the OOM killer.
 
 Where it differs from Binder, on purpose:
-- torch is pinned to this project's build (`constraints.txt`), and requirements.txt's
+- torch and every other package are pinned as on this project's machines (`constraints.txt`:
+  torch's CPU build, the releases the suite passed with), and requirements.txt's
   `--extra-index-url` for PyTorch's CPU wheels is left out: here pip has that build on disk, and
   any other torch request downloads gigabytes (Binder gets its CPU torch from that index);
 - repo2docker's base environment (Jupyter, ipykernel) comes from requirements.txt's `jupyterlab`;

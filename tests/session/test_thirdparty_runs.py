@@ -6,6 +6,7 @@ site-packages), and post-mortem opens there."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import random
 import re
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernel_driver import Frontend, Reply, frontend
-from tests.session.thirdparty import VERDICTS, Verdict, script_path
+from tests.session.thirdparty import ACCELERATE, VERDICTS, Verdict, script_path
 
 pytestmark = [pytest.mark.cluster, pytest.mark.notebook]
 
@@ -71,6 +72,13 @@ def run_suite(fe: Frontend) -> list[tuple[str, Verdict, float]]:
 
 
 def test_third_party_scripts_give_torchruns_verdict_in_any_order_twice(tmp_path: Path) -> None:
+    installed = importlib.metadata.version("accelerate")
+    assert installed == ACCELERATE, (
+        f"the torchrun verdicts (tests/session/thirdparty.py) are for Accelerate {ACCELERATE}'s "
+        f"scripts, and this venv has {installed}: `make .venv/.installed` installs the pinned "
+        f"release (constraints.txt); for {installed}, `python bench/torchrun_verdicts.py` "
+        "derives them again"
+    )
     with frontend(cwd=str(tmp_path)) as fe:
         started = fe.run("%load_ext distnb\n%dist_start -n 2")
         assert started.status == "ok", started.text

@@ -15,11 +15,15 @@ Left out, with the reason:
   and fail at their first import, as `test_metrics.py`, kept as one of them, does.
 
 `VERDICTS` holds each script's verdict under `torchrun --standalone --nproc-per-node 2` on this
-machine (torch 2.13 CPU, gloo, Accelerate 1.15), with the environment distnb gives CPU ranks
-(`ACCELERATE_USE_CPU=true`, as `accelerate launch --cpu` sets it; without it Accelerate ignores
-the process group on a machine without GPUs). `python bench/torchrun_verdicts.py` derives them
-again (`torchrun_verdict`) and says where they differ from this table. "hangs": torchrun had
-not ended after 240 s (its process group waits 30 minutes).
+machine (torch 2.13 CPU, gloo, Accelerate `ACCELERATE`), with the environment distnb gives CPU
+ranks (`ACCELERATE_USE_CPU=true`, as `accelerate launch --cpu` sets it; without it Accelerate
+ignores the process group on a machine without GPUs). `python bench/torchrun_verdicts.py`
+derives them again (`torchrun_verdict`) and says where they differ from this table. "hangs":
+torchrun had not ended after 240 s (its process group waits 30 minutes).
+
+The scripts change between Accelerate's releases (1.16.0 dropped `external_deps/test_pippy.py`):
+constraints.txt keeps this project's machines on `ACCELERATE`, and the test fails on another
+release, saying so.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["VERDICTS", "Verdict", "script_path", "torchrun_verdict"]
+__all__ = ["ACCELERATE", "VERDICTS", "Verdict", "script_path", "torchrun_verdict"]
+
+ACCELERATE = "1.15.0"  # the release whose scripts `VERDICTS` judges
 
 
 @dataclass(frozen=True)
