@@ -368,14 +368,15 @@ def test_a_breakpoint_in_a_module_a_script_imports(fe: Frontend, tmp_path: Path)
 
 
 def test_ctrl_c_on_a_waiting_cell_says_where_each_rank_was(fe: Frontend) -> None:
+    # each rank says "here" on the line where it then waits: a rank whose "here" came may still
+    # be inside its print (a loaded machine), and where it is must be that line all the same
     code = """\
         %%allranks
         import time
         x = torch.ones(1)
-        print('here', flush=True)
         if rank == 1:
-            time.sleep(60)
-        dist.all_reduce(x)"""
+            print('here', flush=True); time.sleep(60)
+        print('here', flush=True); dist.all_reduce(x)"""
     msg_id = fe.kc.execute(textwrap.dedent(code))
     seen = ""
     while "[rank 0] here" not in seen or "[rank 1] here" not in seen:
@@ -387,8 +388,8 @@ def test_ctrl_c_on_a_waiting_cell_says_where_each_rank_was(fe: Frontend) -> None
     assert reply["ename"] == "CellInterrupted"  # a KeyboardInterrupt that says where
     evalue = reply["evalue"]
     # waiting at the all_reduce (its beacon), or on its way there (its stack)
-    at = r"waiting at all_reduce #\d+ on WORLD|at cell In\[\d+\] line 7: dist.all_reduce\(x\)"
+    at = r"waiting at all_reduce #\d+ on WORLD|at cell In\[\d+\] line 6: print.*all_reduce\(x\)"
     assert re.search(rf"rank 0 ({at})", evalue), evalue
-    assert "rank 1 at cell In" in evalue and "time.sleep(60)" in evalue
+    assert re.search(r"rank 1 at cell In\[\d+\] line 5: print.*time.sleep\(60\)", evalue), evalue
     assert reply["traceback"] == [f"KeyboardInterrupt: {evalue}"]  # no distnb internals
     still_works(fe)
