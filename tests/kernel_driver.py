@@ -38,15 +38,20 @@ class Executed:
 
     @property
     def text(self) -> str:
-        """What it printed, displayed (as text) and raised, without colour codes."""
-        parts = []
+        """What it printed, displayed (as text) and raised, without colour codes. Consecutive
+        stream messages are joined as written: a kernel may split one print across several."""
+        parts: list[str] = []
+        previous = ""
         for m in self.messages:
-            if m["type"] == "stream":
+            if m["type"] == "stream" and previous == "stream":
+                parts[-1] += m["text"]
+            elif m["type"] == "stream":
                 parts.append(m["text"])
             elif m["type"] == "error":
                 parts.append("\n".join(m["traceback"]))
             elif "data" in m:
                 parts.append(m["data"].get("text/plain", ""))
+            previous = m["type"]
         return ANSI.sub("", "\n".join(parts))
 
     def of_type(self, *kinds: str) -> list[dict[str, Any]]:

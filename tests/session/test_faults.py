@@ -403,6 +403,30 @@ def test_a_launcher_that_cannot_start_engines_fails_fast(
     assert not running(sorted(set(children_of_this_process()) - before))
 
 
+def test_a_launchers_output_is_named_after_ipyparallel_removed_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ipyparallel reads an ended launcher's log and removes the file; on a busy machine that
+    can come before distnb keeps a link to it. The launcher's own words are still named."""
+    engine_cmd = [sys.executable, "-c", "import sys; sys.exit('no GPU here, giving up')"]
+    monkeypatch.setattr(Local, "launcher_settings", lambda self: {"engine_cmd": engine_cmd})
+    keep_log, removed = Members._keep_log, []
+
+    def keep_log_late(self: Members, pid: int, path: Any) -> None:
+        launcher = self._launcher_by_pid[pid]
+        if launcher is not self._ipp.controller:  # an engine's: let it end, and ipyparallel
+            launcher.process.wait(30)  # read its log and remove the file, as it does then
+            launcher.get_output(remove=True)
+            removed.append(not os.path.exists(path))
+        keep_log(self, pid, path)
+
+    monkeypatch.setattr(Members, "_keep_log", keep_log_late)
+    with pytest.raises(SessionError, match="did not start") as info:
+        start_session(2, progress=False, register_timeout=2)
+    assert removed and all(removed), "ipyparallel kept the log: the case was not tested"
+    assert "no GPU here" in str(info.value)
+
+
 def test_engines_still_working_extend_the_wait_for_registration(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -123,8 +123,12 @@ class Cluster:
         self.members.track()
         for engine_set in self.ipp.engines.values():
             if getattr(engine_set, "launchers", None) == {}:
-                kind = type(engine_set).__name__
-                raise RuntimeError(f"ipyparallel's {kind} started no engine process ({self.kind})")
+                kind = type(engine_set).__name__  # or they all ended already: their output
+                said = engine_set.get_output()  # as ipyparallel kept it
+                raise RuntimeError(
+                    f"ipyparallel's {kind} started no engine process that is still running "
+                    f"({self.kind})" + (f"; their output:\n{said}" if said else "")
+                )
 
     def remove_later(self, pattern: str) -> None:
         """Have the reaper remove the files matching `pattern` if the kernel dies."""
