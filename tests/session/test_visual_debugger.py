@@ -220,7 +220,10 @@ def test_a_gutter_breakpoint_stops_both_ranks_and_peers_wait_without_a_timeout(
     result = dap.body("evaluate", expression="y.sum().item()", frameId=top["id"], context="repl")
     assert result["result"] == str(6.0 * (rank + 1))
 
-    dap.body("continue", threadId=shown)  # it waits at all_reduce for the other, stopped
+    # it waits at all_reduce for the other, stopped. JupyterLab's Continue takes the shown
+    # thread out of its stopped set (debugInfo filled it with both) and names the next: the
+    # other rank's. The user means the rank they see.
+    dap.body("continue", threadId=other)
     assert dap.event("continued")["threadId"] == shown
     assert dap.event("stopped")["threadId"] == other  # the frontend is shown the other one
     time.sleep(4)  # longer than the cell's 3 s timeout: time stopped is not the cell's

@@ -164,10 +164,12 @@ class VisualDebugger:
         key = ROUTED.get(command)
         thread = args.get(key) if key == "threadId" else None
         if isinstance(thread, int) and self._rank_shown():
-            # JupyterLab names the thread it shows only while it is in its set of stopped
-            # threads (its Continue takes it out first and then asks for thread 1), and after
-            # the user selected another rank's frame it still names the one it showed before
-            shown = self.panel.shown if kernels(thread) else self.panel.route(thread)
+            # JupyterLab names the first thread of its set of stopped threads, but its Continue
+            # takes that one out first and then names the next (another stopped rank's, which
+            # `debugInfo` listed, or thread 1): Continue is always for the rank shown. After the
+            # user selected another rank's frame it still names the one it showed before.
+            to_shown = kernels(thread) or command == "continue"
+            shown = self.panel.shown if to_shown else self.panel.route(thread)
             args = message["arguments"] = {**args, key: shown}
         source = self.cells.source(message) if command == "source" else None
         if source is not None:
