@@ -123,8 +123,8 @@ class Cluster:
         self.members.track()
         for engine_set in self.ipp.engines.values():
             if getattr(engine_set, "launchers", None) == {}:
-                kind = type(engine_set).__name__  # or they all ended already: their output
-                said = engine_set.get_output()  # as ipyparallel kept it
+                # none started, or all ended already: what they said, as ipyparallel kept it
+                kind, said = type(engine_set).__name__, engine_set.get_output()
                 raise RuntimeError(
                     f"ipyparallel's {kind} started no engine process that is still running "
                     f"({self.kind})" + (f"; their output:\n{said}" if said else "")

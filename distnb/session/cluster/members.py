@@ -270,18 +270,16 @@ class Members:
         ipyparallel's own logging (which is what follows a crash, and hides what the crash
         printed, e.g. gloo's `EnforceNotMet ... Received data size doesn't match`), or with
         it (`ipp`: what an engine that never registered said, e.g. a registration timed out)."""
-        written = b""
-        with contextlib.suppress(OSError), open(self.log_path(pid) or os.devnull, "rb") as f:
-            written = f.read()
-        text = (written or self._read_by_ipyparallel(pid))[since:].decode(errors="replace")
-        return "\n".join(own_lines(text, ipp)[-lines:])
-
-    def _read_by_ipyparallel(self, pid: int) -> bytes:
-        """A launcher's log as ipyparallel read it before removing it (at the launcher's end,
-        which on a busy machine can come before `track` kept a link to the file)."""
-        launcher = self._launcher_of(pid)
-        output = getattr(launcher, "_output", None)
-        return output.encode() if isinstance(output, str) else b""
+        path, written = self.log_path(pid), b""
+        if path:
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                f.seek(since)
+                written = f.read()
+        else:  # ipyparallel read and removed the log at the launcher's end, which on a busy
+            # machine can come before `track` kept a link to it: ipyparallel's copy
+            output = getattr(self._launcher_of(pid), "_output", None)
+            written = output.encode()[since:] if isinstance(output, str) else b""
+        return "\n".join(own_lines(written.decode(errors="replace"), ipp)[-lines:])
 
     def log_since_mark(self, pid: int) -> str:
         """What a process wrote to its log since `mark_logs` last saw it."""
