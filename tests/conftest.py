@@ -43,6 +43,9 @@ PRIVATE_ENV = {
     # torch.compile's caches: graphs compiled by another run (another checkout) stay out
     "TORCHINDUCTOR_CACHE_DIR": str(PRIVATE_DIRS / "torchinductor"),
     "TRITON_CACHE_DIR": str(PRIVATE_DIRS / "triton"),
+    # torch keeps precompiled headers in `<tmp>/torchinductor_<user>` whatever the cache folder
+    # above says: the run precompiles none (a speed-up of the C++ compile only)
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
 }
 os.environ.update(PRIVATE_ENV)
 # A Slurm allocation the run happens to be inside (tests run in a job, or from salloc's shell)

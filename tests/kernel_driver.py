@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.processes import remove_kernel_files
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 Answer = str | Callable[[str], str | None]  # None from a function: interrupt the kernel
@@ -82,12 +84,14 @@ def kernel(cwd: str | None = None) -> Iterator[tuple[Any, Any]]:
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
+    pid = km.provisioner.pid
     try:
         yield km, kc
     finally:
         kc.stop_channels()
         if km.is_alive():
             km.shutdown_kernel(now=True)
+        remove_kernel_files([pid])
 
 
 @dataclass

@@ -7,10 +7,13 @@ records its descendants while it runs and checks that none outlives it.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -79,3 +82,10 @@ def describe(procs: list[psutil.Process]) -> str:
         except psutil.Error:
             out.append(str(proc.pid))
     return "; ".join(out)
+
+
+def remove_kernel_files(pids: Iterable[int]) -> None:
+    """Remove what the kernels `pids` left in the temporary folder: ipykernel's debugger writes
+    the cells it is asked about to `<tmp>/ipykernel_<pid>/` and never removes them."""
+    for pid in pids:
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"ipykernel_{pid}", ignore_errors=True)

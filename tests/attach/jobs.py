@@ -92,7 +92,13 @@ def job(
     argv = [*torchrun, "--standalone", f"--nproc-per-node={n}", str(script)]
     if env_opt_in:
         argv = ["bash", "-c", f"{lines} && exec {shlex.join(argv)}"]
-    environ = {**os.environ, "DISTNB_RUNS": str(runs), "MODE": mode, **env}
+    # torchrun keeps each job's log folders (`torchelastic_*`) in the temporary folder and never
+    # removes them: this job's temporary folder is `tmp`'s, removed with it
+    scratch = tmp / "tmp"
+    scratch.mkdir(exist_ok=True)
+    environ = {
+        **os.environ, "DISTNB_RUNS": str(runs), "MODE": mode, "TMPDIR": str(scratch), **env
+    }  # fmt: skip
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ,

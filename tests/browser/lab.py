@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.processes import kill, still_running, watch_descendants
+from tests.processes import kill, remove_kernel_files, still_running, watch_descendants
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,6 +132,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
             stop_server(server)
             left = still_running(server.seen.values(), EXIT_WAIT_S)
             kill(left)
+            remove_kernel_files(server.seen)
     assert not left, f"still running after JupyterLab stopped: {[p.pid for p in left]}"
 
 

@@ -153,11 +153,12 @@ torch.manual_seed(0)
 model = BertForSequenceClassification(config)
 g = torch.Generator().manual_seed(1)
 rows = [{"input_ids": torch.randint(0, 32, (8,), generator=g), "labels": i % 2} for i in range(16)]
-args = TrainingArguments(
-    output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=3,
-    report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-)
-out = Trainer(model=model, args=args, train_dataset=rows).train()
+with tempfile.TemporaryDirectory() as output_dir:
+    args = TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=4, max_steps=3,
+        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
+    )
+    out = Trainer(model=model, args=args, train_dataset=rows).train()
 print(json.dumps([args.world_size, str(args.parallel_mode), out.global_step,
                   round(sum(p.sum().item() for p in model.parameters()), 5)]))
 """
