@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -428,14 +429,27 @@ def test_a_launchers_output_is_named_after_ipyparallel_removed_its_log(
 
 
 def test_engines_still_working_extend_the_wait_for_registration(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Engines that work (import torch on a busy machine, in a 1-CPU container) are not
     called stuck at the register timeout; those that then wait for nothing are, a timeout
     after they stop working."""
-    work = "import time\nt = time.process_time()\nwhile time.process_time() - t < 2: pass\n"
+    # The engines work 2 s of CPU from when the wait begins (a loaded machine may take longer
+    # than that to get from launching them to waiting), then wait for nothing.
+    waiting = tmp_path / "waiting"
+    work = (
+        f"import os, time\nwhile not os.path.exists({str(waiting)!r}): pass\n"
+        "t = time.process_time()\nwhile time.process_time() - t < 2: pass\n"
+    )
     engine_cmd = [sys.executable, "-c", work + "time.sleep(60)"]
     monkeypatch.setattr(Local, "launcher_settings", lambda self: {"engine_cmd": engine_cmd})
+    wait_registered = Cluster.wait_registered
+
+    def wait_after_marking(self: Cluster, *args: Any) -> Any:
+        waiting.touch()
+        return wait_registered(self, *args)
+
+    monkeypatch.setattr(Cluster, "wait_registered", wait_after_marking)
     with pytest.raises(SessionError, match="did not start") as info:
         start_session(2, progress=False, register_timeout=1)
     said = re.search(
