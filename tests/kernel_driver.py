@@ -79,11 +79,13 @@ def execute(kc: Any, code: str, timeout: float = 120) -> Executed:
 
 
 @contextmanager
-def kernel(cwd: str | None = None) -> Iterator[tuple[Any, Any]]:
-    """A new python3 kernel: (its manager, a client with channels started); shut down after."""
+def kernel(cwd: str | None = None, env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any]]:
+    """A new python3 kernel: (its manager, a client with channels started); shut down after.
+    `env`: its whole environment (else this process's)."""
     from jupyter_client.manager import start_new_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
+    options = {"cwd": cwd} if cwd else {}
+    km, kc = start_new_kernel(kernel_name="python3", **options, **({"env": env} if env else {}))
     pid = km.provisioner.pid
     try:
         yield km, kc
@@ -248,8 +250,8 @@ class Frontend:
 
 
 @contextmanager
-def frontend(cwd: str | None = None) -> Iterator[Frontend]:
-    with kernel(cwd) as (km, kc):
+def frontend(cwd: str | None = None, env: dict[str, str] | None = None) -> Iterator[Frontend]:
+    with kernel(cwd, env) as (km, kc):
         yield Frontend(km, kc)
 
 

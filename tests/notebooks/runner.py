@@ -8,6 +8,10 @@ line to `CHECKS`.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +306,14 @@ def notebook_paths() -> list[Path]:
     return sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
+@contextmanager
+def own_tmp() -> Iterator[dict[str, str]]:
+    """A kernel's environment with a temporary folder of its own, removed after it: the log
+    folders (`torchelastic_*`) torchrun keeps there for a job a notebook starts go with it."""
+    with tempfile.TemporaryDirectory(prefix="distnb-nb-") as folder:
+        yield {**os.environ, "TMPDIR": folder}
+
+
 def run_nbclient(
     nb: Any, tmp_path: Path, seen: dict[int, psutil.Process]
 ) -> tuple[list[str], list[bool]]:
@@ -315,7 +327,11 @@ def run_nbclient(
         startup_timeout=60,
         resources={"metadata": {"path": str(tmp_path)}},
     )
-    with client.setup_kernel(), watch_descendants(client.km.provisioner.pid, seen):
+    with (
+        own_tmp() as env,
+        client.setup_kernel(env=env),
+        watch_descendants(client.km.provisioner.pid, seen),
+    ):
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index)
     texts = [output_text(c) for c in nb.cells]
@@ -327,7 +343,11 @@ def run_answering(
 ) -> tuple[list[str], list[bool]]:
     """Run every cell through a frontend that types `answers` at the cells' prompts."""
     texts, raised = [], []
-    with frontend(cwd=str(tmp_path)) as fe, watch_descendants(fe.km.provisioner.pid, seen):
+    with (
+        own_tmp() as env,
+        frontend(str(tmp_path), env) as fe,
+        watch_descendants(fe.km.provisioner.pid, seen),
+    ):
         for cell in nb.cells:
             if cell.cell_type != "code":
                 texts.append("")
