@@ -84,8 +84,8 @@ def kernel(cwd: str | None = None, env: dict[str, str] | None = None) -> Iterato
     `env`: its whole environment (else this process's)."""
     from jupyter_client.manager import start_new_kernel
 
-    options = {"cwd": cwd} if cwd else {}
-    km, kc = start_new_kernel(kernel_name="python3", **options, **({"env": env} if env else {}))
+    options = {name: value for name, value in (("cwd", cwd), ("env", env)) if value}
+    km, kc = start_new_kernel(kernel_name="python3", **options)
     pid = km.provisioner.pid
     try:
         yield km, kc
