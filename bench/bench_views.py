@@ -195,7 +195,7 @@ def bench_scale_grouped(
     mismatch of one rank, a hang report with one rank asleep, a replica diff of 200 names where
     rank 31 differs in 3; each from its records."""
     from distnb.errors import RankTimeoutError
-    from distnb.matching import match
+    from distnb.judgement import match
     from distnb.records.cell import RankReport, RankState
     from distnb.records.collective import Fingerprint, TensorSpec
     from distnb.records.replicas import Digest, ReplicaReport, compare

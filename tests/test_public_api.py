@@ -46,7 +46,7 @@ def test_start_is_one_function_with_its_signature() -> None:
 
 def test_import_loads_no_torch_ipyparallel_or_widgets() -> None:
     code = (
-        "import sys, distnb, distnb.errors, distnb.records.collective, distnb.matching\n"
+        "import sys, distnb, distnb.errors, distnb.records.collective, distnb.judgement\n"
         "heavy = {'torch', 'ipyparallel', 'ipywidgets', 'matplotlib', 'IPython'}\n"
         "print(sorted(heavy & set(sys.modules)))"
     )

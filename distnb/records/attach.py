@@ -4,7 +4,7 @@ A rank of an attached job (a `torchrun` job run through `python -m distnb.run`) 
 notebook with a `RankSnapshot`: where it is (its state, the collective it is in, the last one it
 finished, its step) and its live Python stack. Without the agent, `py-spy` gives the stack only
 (`source="py-spy"`). The verdicts are pure functions over these records
-(`distnb.session.attach.verdict`).
+(`distnb.judgement.snapshot`).
 """
 
 from __future__ import annotations

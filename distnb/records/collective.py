@@ -163,6 +163,8 @@ class Mismatch(Record):
     `fingerprints` holds one per rank, in rank order; `ranks` the ranks at fault where that can
     be told (the odd ones out, the ranks whose input was not finite), else every rank. `message`
     is the full text every rank raises; `hint` (also at the end of `message`) a likely cause.
+    `held`: a check held the calls before they reached the backend (distnb's own ranks), or
+    they went to it unchecked (an attached job's recorded calls).
     """
 
     kind: MatchKind
@@ -174,6 +176,7 @@ class Mismatch(Record):
     detail: str = ""
     ranks: tuple[int, ...] = ()
     hint: str = ""
+    held: bool = True
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -6,7 +6,8 @@ From `GROUP_FROM` ranks on, ranks that made the same call at the same place shar
 
 from __future__ import annotations
 
-from distnb.matching import describe
+from distnb.judgement import describe
+from distnb.judgement.mismatch import aftermath
 from distnb.records.collective import Mismatch
 from distnb.views._format import DIFF_ROW_BG, Cell, Row, esc, html_table, text_table
 from distnb.views.grouping import GROUP_FROM, group_rows
@@ -49,9 +50,10 @@ class MismatchView:
             Row([rank, Cell(f"<code>{esc(call)}</code>"), site], DIFF_ROW_BG if odd else "")
             for (rank, call, site), odd in self.shown()
         ]
-        hint = f"<p>{esc(self.mismatch.hint)}</p>" if self.mismatch.hint else ""
+        m = self.mismatch
+        hint = f"<p>{esc(m.hint)}</p>" if m.hint else ""
         return (
             f"<p><b>CollectiveMismatchError</b>: {esc(self.heading())}. "
-            "Nothing was sent; the process group still works.</p>"
+            f"{esc(aftermath(m.op.split('/')[0], m.held))}</p>"
             f"{html_table(HEADER, rows)}{hint}"
         )

@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from distnb.run import RUN_VAR
 
@@ -43,6 +44,17 @@ SKIPPED = (
     f"rank 1 skipped all_reduce #7 at {TRAIN}:{METRICS} (rank 0 called it); rank 1's #7 "
     f"was its call at {TRAIN}:{GRADS}"
 )
+
+
+def judged(job: Any, until: Callable[[list[str]], bool], timeout_s: float = START_S) -> list[str]:
+    """An attached job's verdicts once `until` holds of them. A wait is judged only once it has
+    outlasted the ranks' own recent pace (`distnb.judgement.snapshot.patience_s`), so a verdict
+    comes a moment after the ranks settle into the hang, not with the first snapshot."""
+    deadline = time.monotonic() + timeout_s
+    while not until(found := job.verdicts()):
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
+    return found
 
 
 class Job:

@@ -25,7 +25,15 @@ import distnb
 from distnb.errors import ConfigError
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob, attach_processes, procs
-from tests.attach.jobs import CHECKPOINT, LEFT_THE_LOOP, METRICS, SKIPPED, START_S, TRAIN
+from tests.attach.jobs import (
+    CHECKPOINT,
+    LEFT_THE_LOOP,
+    METRICS,
+    SKIPPED,
+    START_S,
+    TRAIN,
+    judged,
+)
 from tests.multihost import jobs
 from tests.multihost.hosts import Lan, missing
 
@@ -82,8 +90,7 @@ def test_a_job_across_two_hosts_is_attached_by_address_and_by_folder(lan: Lan, h
         ]  # fmt: skip
         train = str(TRAIN)  # every rank's live stack, from its agent
         assert (train, METRICS) in [(f.file, f.line) for f in snaps[0].stack]
-        verdicts = job.verdicts(snaps)
-        assert LEFT_THE_LOOP in verdicts and SKIPPED in verdicts
+        judged(job, lambda v: LEFT_THE_LOOP in v and SKIPPED in v)
     finally:
         job.detach()
     with distnb.attach(str(hung), timeout=START_S) as again:

@@ -19,7 +19,7 @@ import pytest
 
 import distnb
 from distnb.records.attach import AgentState
-from tests.attach.jobs import LEFT_THE_LOOP, START_S
+from tests.attach.jobs import LEFT_THE_LOOP, START_S, judged
 from tests.multihost import jobs
 from tests.multihost.hosts import Lan, missing
 from tests.multihost.slurm import Slurm
@@ -81,7 +81,7 @@ def test_a_job_under_slurm_is_attached_by_its_job_id(
                 (lan.hosts[0].name, AgentState.COLLECTIVE),
                 (lan.hosts[1].name, AgentState.RUNNING),
             ]
-            assert LEFT_THE_LOOP in job.verdicts(snaps)
+            judged(job, lambda v: LEFT_THE_LOOP in v)
             assert f"job slurm-{job_id} (2 ranks" in repr(job.status())
     finally:
         slurm.command("scancel", job_id)

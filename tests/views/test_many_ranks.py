@@ -16,16 +16,16 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 from distnb.errors import RankTimeoutError
-from distnb.matching import match
+from distnb.judgement import match
+from distnb.judgement.circles import held_up_by
+from distnb.judgement.desync import desync_reason, skipped_call
 from distnb.ranklist import GROUP_FROM, same_ranks
 from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.cell import RankReport, RankState
 from distnb.records.collective import CallSite, CollectiveEvent, Fingerprint, TensorSpec
 from distnb.records.debug import DebugStop
 from distnb.records.replicas import Digest, ReplicaReport, compare, first_divergence
-from distnb.session.runs.deadlock import held_up_by
 from distnb.session.runs.endings import where_running
-from distnb.session.runs.referee import desync_reason, skipped_call
 from distnb.views._format import DIFF_ROW_BG
 from distnb.views.mismatch import MismatchView
 from distnb.views.output import CellOutput, RankOutput

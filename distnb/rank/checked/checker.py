@@ -5,7 +5,7 @@
 1. describe the call (done by its op's kernel, `intercept` and `ops`), find the caller's line and
    the call's origin (`callsite`);
 2. post the fingerprint for (group, seq) on the group's board and collect every member's;
-3. look the members' fingerprints up in a cache of verdicts; on a miss run `distnb.matching`;
+3. look the members' fingerprints up in a cache of verdicts; on a miss run `distnb.judgement`;
 4. on a mismatch raise `CollectiveMismatchError` (every member raises the same one, since every
    member judged the same fingerprints), else dispatch the real call and record the event.
 
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from distnb import keys, matching
+from distnb import judgement, keys
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
 from distnb.rank import posts
 from distnb.rank.checked import callsite, exchange
@@ -185,7 +185,7 @@ class Checker(Groups):
             payloads.insert(g.index, payload)
         if self.verdicts.get(key):
             return interrupted
-        mismatch = matching.match(self._fingerprints(g, seq, payloads))
+        mismatch = judgement.match(self._fingerprints(g, seq, payloads))
         if mismatch is not None:
             self.last_mismatch = mismatch
             raise mismatch_error(mismatch)
@@ -218,7 +218,7 @@ class Checker(Groups):
             key = (g.members, core)
             if not self.verdicts.get(key):
                 fps = self._fingerprints(g, seq, [payload] * len(g.members))
-                if matching.match(fps) is not None:
+                if judgement.match(fps) is not None:
                     return False
                 self._remember(key)
             return True

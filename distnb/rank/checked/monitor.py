@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from torch._C._distributed_c10d import Store
 
-from distnb import keys, matching
+from distnb import judgement, keys
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
 from distnb.rank import posts
 from distnb.rank.checked import callsite
@@ -211,7 +211,7 @@ class WaitMonitor:
             if self._suspects.get(peer.rank) != peer.wait_id:
                 suspects[peer.rank] = peer.wait_id
                 continue
-            found = matching.deadlock(self._mine, peer.fingerprint)
+            found = judgement.deadlock(self._mine, peer.fingerprint)
             self._post(
                 Beacon(
                     self.rank,

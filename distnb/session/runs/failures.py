@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from distnb import errors
+from distnb.judgement.desync import skipped_call
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import Beacon
 from distnb.records.cell import RankFailure
 from distnb.records.collective import Mismatch
-from distnb.session.runs.referee import skipped_call
 from distnb.session.runs.request import CellResult
 
 __all__ = [

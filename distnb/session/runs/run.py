@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from distnb import errors, keys
+from distnb.judgement.circles import held_up_by
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import BeaconState
 from distnb.records.cell import RankFailure, RankInfo, RankState
@@ -26,7 +27,6 @@ from distnb.session.debugger import visual
 from distnb.session.debugger.desk import Desk, frontend_stdin
 from distnb.session.load import stretched
 from distnb.session.runs import endings
-from distnb.session.runs.deadlock import held_up_by
 from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
 from distnb.session.runs.referee import DesyncReferee
 from distnb.session.runs.request import CellRequest, CellResult

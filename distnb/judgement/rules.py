@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distnb.matching.shapes import shape_rule
-from distnb.matching.verdict import Found, Rule
-from distnb.matching.words import (
+from distnb.judgement.mismatch import Found, Rule
+from distnb.judgement.shapes import shape_rule
+from distnb.judgement.words import (
     ROOTED,
     canonical_op,
     group_name,

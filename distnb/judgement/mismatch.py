@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distnb.matching.words import canonical_op, describe, group_name
+from distnb.judgement.words import canonical_op, describe, group_name
 from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.collective import Fingerprint, MatchKind, Mismatch
 
@@ -21,13 +21,34 @@ Found = tuple[MatchKind, str, tuple[int, ...]]
 Rule = Callable[[Sequence[Fingerprint]], "Found | None"]
 
 
-def verdict(
+UNCHECKED = (
+    "These calls went to the backend unchecked (the job's checks are off): expect a hang, a "
+    "crashed rank or wrong values from here on."
+)
+
+
+def aftermath(op: str, held: bool = True, deadlocked: bool = False) -> str:
+    """What became of the calls: held by a check (nothing sent), or sent to the backend."""
+    if not held:
+        return UNCHECKED
+    if canonical_op(op) in ("send", "recv") and not deadlocked:
+        # the receiver takes the message into a scratch tensor, so the sender is not left hanging
+        return "The message went to a scratch buffer, not yours; the process group still works."
+    return "Nothing was sent; the process group still works."
+
+
+def build_mismatch(
     fps: Sequence[Fingerprint],
     kind: MatchKind,
     detail: str,
     ranks: tuple[int, ...],
     deadlocked: bool = False,
+    held: bool = True,
 ) -> Mismatch:
+    """The `Mismatch` of `fps` (one per member, in rank order): its message names the kind and
+    the call, has a line per rank (or per group of ranks that agree), a hint where one is likely,
+    and says what became of the calls (`held`: a check held them; else they went to the backend).
+    """
     first = fps[0]
     ops = list(dict.fromkeys(f.op for f in fps))
     op = "/".join(ops)
@@ -53,13 +74,7 @@ def verdict(
     lines += rank_lines(fps, calls)
     if hint:
         lines.append(f"hint: {hint}")
-    if canonical_op(first.op) in ("send", "recv") and not deadlocked:
-        # the receiver takes the message into a scratch tensor, so the sender is not left hanging
-        lines.append(
-            "The message went to a scratch buffer, not yours; the process group still works."
-        )
-    else:
-        lines.append("Nothing was sent; the process group still works.")
+    lines.append(aftermath(first.op, held, deadlocked))
     return Mismatch(
         kind=kind,
         op=op,
@@ -70,6 +85,7 @@ def verdict(
         detail=detail,
         ranks=tuple(sorted(set(ranks))) or tuple(f.rank for f in fps),
         hint=hint,
+        held=held,
     )
 
 

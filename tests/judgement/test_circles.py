@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from distnb.judgement.circles import cycle_reason, find_cycle
 from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.collective import CallSite
-from distnb.session.runs.deadlock import cycle_reason, find_cycle
 
 
 def waits(

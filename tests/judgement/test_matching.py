@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from distnb.matching import canonical_op, deadlock, describe, match, match_p2p
-from distnb.matching.verdict import SKIP_HINT
+from distnb.judgement import canonical_op, deadlock, describe, match, match_p2p
+from distnb.judgement.mismatch import SKIP_HINT
 from distnb.records.collective import (
     CallSite,
     CollectiveEvent,

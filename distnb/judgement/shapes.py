@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distnb.matching.verdict import Found
-from distnb.matching.words import canonical_op, first_spec, odd_ones, per_rank, shape
+from distnb.judgement.mismatch import Found
+from distnb.judgement.words import canonical_op, first_spec, odd_ones, per_rank, shape
 from distnb.ranklist import format_ranks
 from distnb.records.collective import Fingerprint, MatchKind
 

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from distnb.matching.rules import RULES, p2p_rule
-from distnb.matching.verdict import verdict
-from distnb.matching.words import canonical_op, describe, where
+from distnb.judgement.mismatch import build_mismatch
+from distnb.judgement.rules import RULES, p2p_rule
+from distnb.judgement.words import canonical_op, describe, where
 from distnb.records.collective import Fingerprint, MatchKind, Mismatch
 
 __all__ = ["canonical_op", "deadlock", "describe", "match", "match_p2p"]
 
 
-def match(fingerprints: Sequence[Fingerprint]) -> Mismatch | None:
-    """None when the members' calls at one (group, seq) fit together, else the mismatch.
+def match(fingerprints: Sequence[Fingerprint], held: bool = True) -> Mismatch | None:
+    """None when the members' calls at one (group, seq) fit together, else the mismatch
+    (`held`: a check holds the calls, as on distnb's ranks; False: they went to the backend).
 
     >>> from distnb.records.collective import TensorSpec as T
     >>> a = Fingerprint(0, "WORLD", 3, "all_reduce", (T((8,), "float32"),), reduce_op="SUM")
@@ -49,7 +50,7 @@ def match(fingerprints: Sequence[Fingerprint]) -> Mismatch | None:
     for rule in RULES:
         found = rule(fps)
         if found is not None:
-            return verdict(fps, *found)
+            return build_mismatch(fps, *found, held=held)
     return None
 
 
@@ -57,7 +58,7 @@ def match_p2p(send: Fingerprint, recv: Fingerprint) -> Mismatch | None:
     """None when `recv`'s buffer fits what `send` sends, else the mismatch (seq: the channel's)."""
     fps = sorted([send, recv], key=lambda f: f.rank)
     found = p2p_rule(send, recv)
-    return None if found is None else verdict(fps, *found)
+    return None if found is None else build_mismatch(fps, *found)
 
 
 def deadlock(a: Fingerprint, b: Fingerprint) -> Mismatch:
@@ -78,4 +79,4 @@ def deadlock(a: Fingerprint, b: Fingerprint) -> Mismatch:
     )
     waits = " and ".join(f"rank {f.rank} waits in {where(f)}" for f in fps)
     detail = f"{waits}; each waits for the other, so neither can go on"
-    return verdict(fps, kind, detail, (fps[0].rank, fps[1].rank), deadlocked=True)
+    return build_mismatch(fps, kind, detail, (fps[0].rank, fps[1].rank), deadlocked=True)

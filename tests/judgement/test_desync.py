@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from distnb.judgement.desync import desync_reason, skipped_call
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import CallSite, CollectiveEvent
-from distnb.session.runs.referee import desync_reason, skipped_call
 
 
 def event(rank: int, seq: int, line: int, cell: int = 5) -> CollectiveEvent:
