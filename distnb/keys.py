@@ -49,13 +49,15 @@ waited on in silence. What each key's reader does about one (`role` names the ke
 An attached job (`python -m distnb.run`) has a store of its own, hosted by its launcher, under
 the run id's prefix; its ranks' agents (`distnb.rank.agent`) and the notebook use:
 
-- `agent/rank/<rank>` [JSON: host, pid, local rank, world size]: each rank's agent, at start;
-- `agent/calls/<rank>` [a counter], `agent/req/<rank>/<n>` [JSON], `agent/rep/<rank>/<n>`
-  [JSON]: the notebook numbers a request to a rank's agent, posts it and reads the reply;
+- `agent/rank/<rank>` [an `AgentInfo`: host, pid, local rank, world size]: each rank's agent,
+  at start (the records of `distnb.records.agent`, as JSON);
+- `agent/calls/<rank>` [a counter], `agent/req/<rank>/<n>` [an `AgentRequest`],
+  `agent/rep/<rank>/<n>` [a `Reply`]: the notebook numbers a request to a rank's agent, posts
+  it and reads the reply;
 - `agent/out/<rank>/<k>` [text]: what a stopped rank's debugger printed, piece by piece, and
   `agent/outcount/<rank>` [pieces, characters]: how much so far;
-- `agent/result/<rank>/<n>` [JSON]: a stopped rank's answer to the notebook's request `n` about
-  its frame (shapes, replica digests, overflow reports);
+- `agent/result/<rank>/<n>` [a `Reply`]: a stopped rank's answer to the notebook's `Call` at
+  its prompt `n`, about its frame (shapes, replica digests, overflow reports);
 - `agent/lease` [a number]: the attached notebook counts it up every second; a stopped or held
   rank whose lease stops moving resumes on its own (a notebook that died leaves the job running);
 - `debug/count/<rank>`, `debug/ask/<n>`, `debug/answer/<n>`: the debugger's prompts, as above.

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from distnb.rank.agent import frames, panel
 from distnb.rank.agent.stopped import AgentAsker, AgentPdb, Lease
+from distnb.rank.checked.recorder import GROUP, OP, SEQ
+from distnb.records.agent import StopAt
 from distnb.records.attach import AgentState
 
 if TYPE_CHECKING:
@@ -43,7 +45,7 @@ class Control:
         self.lease = Lease(agent.store)
         self.state = AgentState.RUNNING
         self.where = ""  # the line the rank is stopped at
-        self.stop_at: str | None = None  # "collective" or "step"
+        self.stop_at: StopAt | None = None
         self.breaks: list[tuple[str, int, str | None]] = []  # to set on the main thread
         self._release = threading.Event()
         self._release.set()
@@ -54,13 +56,16 @@ class Control:
     @property
     def armed(self) -> bool:
         return bool(
-            self.stop_at or self.breaks or self._unwatch or self._untrace
+            self.stop_at
+            or self.breaks
+            or self._unwatch
+            or self._untrace
             or not self._release.is_set()
-        )  # fmt: skip
+        )
 
     # --- from the serving thread --------------------------------------------------------------
 
-    def request_stop(self, at: str) -> None:
+    def request_stop(self, at: StopAt) -> None:
         self.stop_at = at
         self._arm()
 
@@ -99,12 +104,12 @@ class Control:
 
     def _gate(self, entry: list[Any]) -> None:
         __tracebackhide__ = True
-        self._act(f"before {entry[3]} #{entry[2]} on {entry[1]}", "collective")
+        self._act(f"before {entry[OP]} #{entry[SEQ]} on {entry[GROUP]}", StopAt.COLLECTIVE)
 
     def at_step(self) -> None:
-        self._act(f"after step {self.agent.step}", "step")
+        self._act(f"after step {self.agent.step}", StopAt.STEP)
 
-    def _act(self, why: str, point: str) -> None:
+    def _act(self, why: str, point: StopAt) -> None:
         if self._unwatch:
             self._unwatch = False
             frames.unwatch()

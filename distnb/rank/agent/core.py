@@ -28,6 +28,7 @@ from distnb.rank.agent.serve import Server
 from distnb.rank.agent.tape import Tape
 from distnb.rank.checked.intercept import Interceptor
 from distnb.rank.signed import SignedStore
+from distnb.records.agent import AgentInfo
 from distnb.run import ATTACH_VAR
 
 __all__ = ["PID_VAR", "Agent"]
@@ -78,9 +79,10 @@ class Agent:
         register_optimizer_step_post_hook(self._stepped)
         self.interceptor.install(self.tape.record, self.tape.record)
         GroupMethods(self.interceptor)  # `torch.distributed`'s calls, without the kernels' trip
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "local_rank": self.local_rank,
-              "world_size": self.world_size, "started": time.time()}  # fmt: skip
-        self.store.set(keys.agent_rank(self.rank), json.dumps(me))
+        me = AgentInfo(
+            socket.gethostname(), os.getpid(), self.local_rank, self.world_size, time.time()
+        )
+        self.store.set(keys.agent_rank(self.rank), json.dumps(me.to_dict()))
         Server(self).start()
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:

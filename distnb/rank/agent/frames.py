@@ -4,11 +4,11 @@ distnb's own ranks answer them, over the names the stopped frame sees (its local
 globals) instead of a cell's namespace.
 
 A stopped rank of an attached job runs these on its main thread, in the debugger
-(`stopped.AgentPdb`, answer `CALL`): the one place where the job's objects may be read without
+(`stopped.AgentPdb`, answer `Call`): the one place where the job's objects may be read without
 racing its training loop. Overflow watches started here stay on when the rank goes on (they see
-its next steps); `detach` removes them, so a detached job runs as it would have. Two requests
-need no names: `listen` starts the rank's debugpy for JupyterLab's panel, `relay` connects it
-to a notebook on another host (`panel`).
+its next steps); `detach` removes them, so a detached job runs as it would have. Two queries
+need no names: `Listen` starts the rank's debugpy for JupyterLab's panel, `RelayTo` connects
+it to a notebook on another host (`panel`). The queries are `distnb.records.agent.FrameQuery`.
 """
 
 from __future__ import annotations
@@ -16,48 +16,54 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from distnb.records.agent import (
+    Digests,
+    FrameQuery,
+    Listen,
+    RelayTo,
+    Shapes,
+    Watch,
+    WatchReport,
+)
+
 __all__ = ["call", "lookup", "unwatch", "watching"]
 
 _watched: set[str] = set()  # overflow watches started from the notebook
 
 
-def call(request: Mapping[str, Any], names: Mapping[str, Any], rank: int) -> Any:
-    """The JSON-able answer to `request` (`{"fn": ..., ...}`) over the frame's `names`."""
-    fn = request.get("fn")
-    if fn == "shapes":
-        from distnb.rank.scan import scan_namespace
+def call(query: FrameQuery, names: Mapping[str, Any], rank: int) -> Any:
+    """The JSON-able answer to `query` over the frame's `names`."""
+    match query:
+        case Shapes(names=wanted, include_all=include_all):
+            from distnb.rank.scan import scan_namespace
 
-        wanted = list(request.get("names") or []) or None
-        include_all = bool(request.get("all"))
-        return scan_namespace(names, wanted, include_all=include_all, rank=rank).to_dict()
-    if fn == "digests":
-        from distnb.rank.replicas import digests_of, entries_of
+            scan = scan_namespace(names, list(wanted) or None, include_all=include_all, rank=rank)
+            return scan.to_dict()
+        case Digests(names=wanted, grads=grads, buffers=buffers):
+            from distnb.rank.replicas import digests_of, entries_of
 
-        targets = [{n: lookup(names, n)} for n in request["names"]]
-        found = list(entries_of(targets, bool(request.get("grads")), bool(request.get("buffers"))))
-        return [d.to_dict() for d in digests_of(found)]
-    if fn == "overflow":
-        from distnb.rank import overflow
-        from distnb.records.overflow import WatchOptions
+            targets = [{n: lookup(names, n)} for n in wanted]
+            return [d.to_dict() for d in digests_of(list(entries_of(targets, grads, buffers)))]
+        case Watch(name=name, options=options):
+            from distnb.rank import overflow
 
-        name = str(request["name"])
-        overflow.attach(name, lookup(names, name), WatchOptions.from_dict(request["options"]))
-        _watched.add(name)
-        return None
-    if fn == "listen":  # JupyterLab's panel: debugpy, started only now
-        from distnb.rank.agent.panel import listen
+            overflow.attach(name, lookup(names, name), options)
+            _watched.add(name)
+            return None
+        case Listen():  # JupyterLab's panel: debugpy, started only now
+            from distnb.rank.agent.panel import listen
 
-        return listen()
-    if fn == "relay":  # the panel, for a notebook on another host
-        from distnb.rank.agent.panel import relay
+            return listen().to_dict()
+        case RelayTo(channel=channel):  # the panel, for a notebook on another host
+            from distnb.rank.agent.panel import relay
 
-        relay(str(request["channel"]))
-        return None
-    if fn == "overflow_report":
-        from distnb.rank import overflow
+            relay(channel)
+            return None
+        case WatchReport():
+            from distnb.rank import overflow
 
-        return {name: w.report().to_dict() for name, w in overflow.attached().items()}
-    raise ValueError(f"unknown request {fn!r}")
+            return {name: w.report().to_dict() for name, w in overflow.attached().items()}
+    raise ValueError(f"unknown query {query!r}")
 
 
 def lookup(names: Mapping[str, Any], path: str) -> Any:

@@ -5,15 +5,15 @@ a debugpy on each rank. A rank of an attached job starts one only when the noteb
 the debugger prompt it is stopped at (`stopped.AgentPdb`): an agent never asked never imports
 debugpy, so its idle cost is unchanged.
 
-- `listen` (the notebook's `CALL` with `fn: listen`, on the main thread): debugpy's adapter on
+- `listen` (the notebook's `Call` of `Listen`, on the main thread): debugpy's adapter on
   loopback, as on distnb's own ranks (`distnb.rank.debug.visual.listen`: debugpy has no
   authentication, so it never listens on a network), without following the job's child
   processes (a data loader's workers stay as they would have been);
-- `suspend` (the notebook's `PANEL` answer): pdb lets go of the rank, which suspends in debugpy
+- `suspend` (the notebook's `Panel` answer): pdb lets go of the rank, which suspends in debugpy
   at the frame and line it is stopped at; the panel steps and continues it from there. Each
   suspension marks the rank stopped (`on_stop`), as at pdb's prompt: the notebook's status
   says so, and the notebook holds its peers before their next collective;
-- `relay` (a rank on another host than the notebook's; `CALL` `relay`): its adapter's
+- `relay` (a rank on another host than the notebook's; `Call` of `RelayTo`): its adapter's
   connection carried over the job's signed control plane (`distnb.rank.debug.relay`, as for
   distnb's own ranks on other hosts), on store connections of the agent's (`serve_with`);
 - `untrace` (after `detach`, at the main thread's next safe point): debugpy stops tracing the
@@ -29,6 +29,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from distnb.records.agent import Listening
+
 __all__ = ["listen", "relay", "serve_with", "suspend", "untrace"]
 
 OnStop = Callable[[bool, str], None]
@@ -41,7 +43,7 @@ def serve_with(connect: Callable[[], Any]) -> None:
     _connect[:] = [connect]
 
 
-def listen() -> dict[str, Any]:
+def listen() -> Listening:
     """This rank's debug adapter (started on first call): its address, and the folders whose
     frames are not the user's."""
     import debugpy
@@ -51,7 +53,7 @@ def listen() -> dict[str, Any]:
     if "pydevd" not in sys.modules:  # before the adapter starts: children stay undebugged
         debugpy.configure(subProcess=False)
     host, port, folders = start()
-    return {"host": host, "port": port, "folders": folders}
+    return Listening(host, port, tuple(folders))
 
 
 def relay(channel: str) -> None:
@@ -60,7 +62,7 @@ def relay(channel: str) -> None:
     from distnb.rank.debug.relay import Relay
 
     where = listen()
-    sock = socket.create_connection((where["host"], where["port"]), timeout=10)
+    sock = socket.create_connection((where.host, where.port), timeout=10)
     sock.settimeout(None)
     Relay(sock, channel, "kernel", (_connect[0](), _connect[0]()))
 

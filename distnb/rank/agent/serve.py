@@ -6,20 +6,19 @@ store's `wait` between requests (the GIL released): an idle agent costs nothing,
 written to the store per collective. It has a store connection of its own, so it answers while
 the main thread is blocked in a collective or stopped in the debugger.
 
-Requests (JSON, `{"op": ..., ...}`):
+Requests are the records of `distnb.records.agent` (`AgentRequest`), answered with a `Reply`:
 
-- `status`: a `RankSnapshot` with the live stack of the main thread;
-- `events` (`last`): the last collectives, each with its fingerprint;
-- `stop` (`at`: `collective` or `step`), `hold`, `release`, `break` (`file`, `line`, `cond`),
-  `detach`:
-  noted for the main thread (`control`). A breakpoint's file and line are checked here, so a
-  wrong one is refused at once with what is there; the file found is the reply (with `check`,
-  the breakpoint is only checked: JupyterLab's panel sets it in the rank's debugpy).
+- `Status`: a `RankSnapshot` with the live stack of the main thread;
+- `Events` (`last`): the last collectives, each a `Recorded` (with its fingerprint);
+- `Stop` (`at`: a collective or a step), `Hold`, `Release`, `Break` (`file`, `line`, `cond`),
+  `Detach`: noted for the main thread (`control`). A breakpoint's file and line are checked
+  here, so a wrong one is refused at once with what is there; the file found is the reply
+  (with `check`, the breakpoint is only checked: JupyterLab's panel sets it in the rank's
+  debugpy).
 """
 
 from __future__ import annotations
 
-import json
 import linecache
 import os
 import socket
@@ -32,9 +31,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from distnb import keys
 from distnb.rank.agent.surface import AgentSurface
-from distnb.rank.agent.tape import CORE, GROUP
-from distnb.rank.checked.recorder import _event
+from distnb.rank.agent.tape import CORE, GROUP_NAME, MEMBERS
+from distnb.rank.checked.recorder import GROUP, OP, ORIGIN, RANK, SEQ, SITE, entry_event
 from distnb.rank.checked.wire import fingerprint
+from distnb.records.agent import (
+    AgentRequest,
+    Break,
+    Detach,
+    Events,
+    Hold,
+    Recorded,
+    Release,
+    Reply,
+    Status,
+    Stop,
+    dumps_reply,
+    loads_request,
+)
 from distnb.records.attach import AgentState, Frame, OpenCall, RankSnapshot
 
 if TYPE_CHECKING:
@@ -81,47 +94,38 @@ class Server(threading.Thread):
                 continue
             store.delete_key(key)
             try:
-                request = json.loads(value)
-            except ValueError:
-                request = {}
-            try:
-                reply: Any = {"ok": self.handle(request)}
+                reply = Reply(self.handle(loads_request(value)))
             except Exception as exc:
-                reply = {"error": f"{type(exc).__name__}: {exc}"}
+                reply = Reply(error=f"{type(exc).__name__}: {exc}")
             try:
-                store.set(keys.agent_reply(rank, n), json.dumps(reply))
+                store.set(keys.agent_reply(rank, n), dumps_reply(reply))
             except RuntimeError:
                 return
             n += 1
 
-    def handle(self, request: dict[str, Any]) -> Any:
-        op = request.get("op")
+    def handle(self, request: AgentRequest) -> Any:
+        """The JSON-able value that answers `request`."""
         control = self.agent.control
         assert control is not None
-        if op == "status":
-            return self.snapshot().to_dict()
-        if op == "events":
-            return self.events(int(request.get("last", 1000)))
-        if op == "stop":
-            at = request.get("at", "collective")
-            if at not in ("collective", "step"):
-                raise ValueError(f"stop at 'collective' or 'step', not {at!r}")
-            control.request_stop(at)
-        elif op == "hold":
-            control.hold()
-        elif op == "release":
-            control.release()
-        elif op == "break":
-            cond = request.get("cond") or None
-            file, line = find_file(str(request["file"])), int(request["line"])
-            check_line(file, line)
-            if not request.get("check"):  # `check`: the panel sets it, in debugpy
-                control.add_break(file, line, cond)
-            return file
-        elif op == "detach":
-            control.detach()
-        else:
-            raise ValueError(f"unknown request {op!r}")
+        match request:
+            case Status():
+                return self.snapshot().to_dict()
+            case Events(last=last):
+                return [r.to_dict() for r in self.events(last)]
+            case Stop(at=at):
+                control.request_stop(at)
+            case Hold():
+                control.hold()
+            case Release():
+                control.release()
+            case Break(file=name, line=line, cond=cond, check=check):
+                file = find_file(name)
+                check_line(file, line)
+                if not check:  # the panel sets it, in debugpy
+                    control.add_break(file, line, cond or None)
+                return file
+            case Detach():
+                control.detach()
         return None
 
     def snapshot(self) -> RankSnapshot:
@@ -133,43 +137,55 @@ class Server(threading.Thread):
         if found is not None:
             entry, age = found
             current = OpenCall(
-                entry[1], entry[GROUP], entry[2], entry[3], _members(tape, entry),
-                _event(entry).site, age, _fingerprint(tape, entry),
-            )  # fmt: skip
+                entry[GROUP],
+                entry[GROUP_NAME],
+                entry[SEQ],
+                entry[OP],
+                _members(tape, entry),
+                entry_event(entry).site,
+                age,
+                _fingerprint(tape, entry),
+            )
             if state is AgentState.RUNNING:
                 state = AgentState.COLLECTIVE
         finished = [e for e in tape.recorder.events() if e.end_ns]
         return RankSnapshot(
-            rank=agent.rank, host=socket.gethostname(), pid=os.getpid(), state=state,
-            world_size=agent.world_size, local_rank=agent.local_rank, step=agent.step,
-            current=current, last=finished[-1] if finished else None,
-            calls=tuple(sorted(tape.calls().items())), stack=main_stack(), where=control.where,
-        )  # fmt: skip
+            rank=agent.rank,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            state=state,
+            world_size=agent.world_size,
+            local_rank=agent.local_rank,
+            step=agent.step,
+            current=current,
+            last=finished[-1] if finished else None,
+            calls=tuple(sorted(tape.calls().items())),
+            stack=main_stack(),
+            where=control.where,
+        )
 
-    def events(self, last: int) -> list[dict[str, Any]]:
+    def events(self, last: int) -> list[Recorded]:
         tape = self.agent.tape
         ring = tape.recorder
         start = max(0, ring.count - min(last, ring.size))
-        out = []
-        for i in range(start, ring.count):
-            entry = ring.ring[i % ring.size]
-            if entry is not None:
-                out.append(
-                    {"event": _event(entry).to_dict(), "fp": _fingerprint(tape, entry).to_dict()}
-                )
-        return out
+        entries = (ring.ring[i % ring.size] for i in range(start, ring.count))
+        return [Recorded(entry_event(e), _fingerprint(tape, e)) for e in entries if e is not None]
 
 
 def _members(tape: Any, entry: list[Any]) -> tuple[int, ...]:
-    g = tape.groups.get(entry[GROUP])
-    return tuple(g[1]) if g is not None else ()
+    g = tape.groups.get(entry[GROUP_NAME])
+    return tuple(g[MEMBERS]) if g is not None else ()
 
 
 def _fingerprint(tape: Any, entry: list[Any]) -> Any:
-    where = (entry[5], entry[11])
-    members = _members(tape, entry)
-    return fingerprint((entry[CORE], where), rank=entry[0], group=entry[1], seq=entry[2],
-                       members=members)  # fmt: skip
+    where = (entry[SITE], entry[ORIGIN])
+    return fingerprint(
+        (entry[CORE], where),
+        rank=entry[RANK],
+        group=entry[GROUP],
+        seq=entry[SEQ],
+        members=_members(tape, entry),
+    )
 
 
 def main_stack() -> tuple[Frame, ...]:

@@ -6,20 +6,20 @@ pdb's commands, the user's frames only) with what an attached job needs besides:
 
 - what it prints while the rank is stopped goes to the notebook (`Out`: pieces in the store,
   counted, so the notebook shows all of them before the next prompt), not to the job's log;
-- three answers of the notebook's own: `RUN` + code runs the code in the stopped frame and
-  shows its output (an `%%allranks` cell on stopped ranks); `CALL` + a JSON request answers it
-  with a record over the frame's names (`frames`: shapes, replica digests, the overflow tracer)
-  under `keys.agent_result`; `DETACH` clears every breakpoint and overflow watch started from
-  the notebook and lets the rank run on as if it had never stopped; `PANEL` hands the rank to
+- the notebook's own answers (`distnb.records.agent.PromptAnswer`, told from the pdb commands
+  the user types by `read_answer`): `Run` runs code in the stopped frame and shows its output
+  (an `%%allranks` cell on stopped ranks); `Call` answers a `FrameQuery` with a record over the
+  frame's names (`frames`: shapes, replica digests, the overflow tracer) under
+  `keys.agent_result`; `Detach` clears every breakpoint and overflow watch started from the
+  notebook and lets the rank run on as if it had never stopped; `Panel` hands the rank to
   JupyterLab's debugger panel (`panel`: it suspends in debugpy where it is stopped);
 - the wait for an answer watches the notebook's lease (`Lease`): when it stops moving for
-  `LEASE_S`, or the store is gone, the answer is `DETACH`. A notebook that dies leaves the job
+  `LEASE_S`, or the store is gone, the answer is `Detach`. A notebook that dies leaves the job
   running.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
@@ -32,13 +32,20 @@ from distnb import keys
 from distnb.rank.agent import frames, panel
 from distnb.rank.debug.ask import Asker
 from distnb.rank.debug.debugger import RankPdb
+from distnb.records.agent import (
+    PROMPT_MARK,
+    Call,
+    Detach,
+    Panel,
+    Reply,
+    Run,
+    answer_line,
+    dumps_reply,
+    read_answer,
+)
 
-__all__ = ["CALL", "DETACH", "LEASE_S", "PANEL", "RUN", "AgentAsker", "AgentPdb", "Lease", "Out"]
+__all__ = ["LEASE_S", "AgentAsker", "AgentPdb", "Lease", "Out"]
 
-RUN = "\0run "  # then code: run it in the stopped frame
-CALL = "\0call "  # then a JSON request (`frames.call`; its `reply` numbers the result's key)
-DETACH = "\0detach"  # clear breakpoints and run on
-PANEL = "\0panel"  # suspend in debugpy, for JupyterLab's panel (`panel.suspend`)
 LEASE_S = 10.0  # a notebook silent this long is gone
 _SLICE = timedelta(milliseconds=100)
 
@@ -93,7 +100,7 @@ class Out:
 
 
 class AgentAsker(Asker):
-    """`Asker` whose wait gives up (answering `DETACH`) when the notebook's lease runs out."""
+    """`Asker` whose wait gives up (answering `Detach`) when the notebook's lease runs out."""
 
     def __init__(self, store: Any, rank: int, lease: Lease) -> None:
         super().__init__(store, rank)
@@ -106,10 +113,10 @@ class AgentAsker(Asker):
                 self.store.wait([key], _SLICE)
             except DistStoreError:  # a slice passed without an answer
                 if not self.lease.alive():
-                    return DETACH
+                    return answer_line(Detach())
                 continue
             except RuntimeError:  # the control plane is gone
-                return DETACH
+                return answer_line(Detach())
             value: bytes = self.store.get(key)
             self.store.delete_key(key)
             return value.decode()
@@ -147,20 +154,30 @@ class AgentPdb(RankPdb):
             if self.on_stop is not None:
                 self.on_stop(False, "")
 
+    def precmd(self, line: str) -> str:
+        # pdb splits a line at `;;` and expands aliases: the notebook's answers go through whole
+        return line if line.startswith(PROMPT_MARK) else str(super().precmd(line))
+
     def onecmd(self, line: str) -> bool:
-        if line == DETACH:
-            self.detach()
-            return True
-        if line == PANEL:
-            self.to_panel()
-            return True
-        if line.startswith(RUN):
-            self._run(line[len(RUN) :])
+        try:
+            answer = read_answer(line)
+        except ValueError as exc:  # a notebook of another distnb: the rank stays stopped
+            self.error(str(exc))
             return False
-        if line.startswith(CALL):
-            self._call(line[len(CALL) :])
-            return False
-        return bool(super().onecmd(line))
+        match answer:
+            case None:  # a pdb command the user typed
+                return bool(super().onecmd(line))
+            case Detach():
+                self.detach()
+                return True
+            case Panel():
+                self.to_panel()
+                return True
+            case Run(code=code):
+                self._run(code)
+            case Call() as call:
+                self._call(call)
+        return False
 
     def detach(self) -> None:
         frames.unwatch()
@@ -191,18 +208,17 @@ class AgentPdb(RankPdb):
             return None
         return found
 
-    def _call(self, body: str) -> None:
-        """Answer a `CALL` with a record over the current frame's names (see `frames`)."""
-        request = json.loads(body)
+    def _call(self, call: Call) -> None:
+        """Answer a `Call` with a record over the current frame's names (see `frames`)."""
         frame = self.curframe
         assert frame is not None
         names = {**frame.f_globals, **self.curframe_locals}
         try:
-            reply: Any = {"ok": frames.call(request, names, self.asker.rank)}
+            reply = Reply(frames.call(call.query, names, self.asker.rank))
         except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        key = keys.agent_result(self.asker.rank, int(request["reply"]))
-        self.asker.store.set(key, json.dumps(reply))
+            reply = Reply(error=f"{type(exc).__name__}: {exc}")
+        key = keys.agent_result(self.asker.rank, call.reply)
+        self.asker.store.set(key, dumps_reply(reply))
 
     def _run(self, code: str) -> None:
         """Run `code` in the current frame, as a notebook cell: its last expression shown."""

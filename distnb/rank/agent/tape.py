@@ -27,13 +27,15 @@ from torch.distributed import distributed_c10d as c10d
 from distnb.rank.checked import callsite
 from distnb.rank.checked.calls import Call
 from distnb.rank.checked.groups import group_label
-from distnb.rank.checked.recorder import Recorder
+from distnb.rank.checked.recorder import ARRIVE, END, START, Recorder
 
-__all__ = ["CORE", "GROUP", "Tape"]
+__all__ = ["CORE", "GROUP_NAME", "MEMBERS", "Tape"]
 
-# entry layout: the checked recorder's (`recorder.END` ...), then the fingerprint's core and
-# the group's registered name
-CORE, GROUP = 12, 13
+# entry layout: the checked recorder's (`distnb.rank.checked.recorder`), then the fingerprint's
+# core and the group's registered name
+CORE, GROUP_NAME = 12, 13
+# a group's list: [label, members (global ranks), calls entered so far]
+LABEL, MEMBERS, ENTERED = range(3)
 _MAIN = threading.main_thread()
 _PENDING = object()  # an open call not yet handed to the backend (or still in its hands)
 
@@ -58,23 +60,37 @@ class Tape:
         g = self.groups[name] if name in self.groups else self._group(name)
         if g is None:
             return dispatch()
-        members = g[1]
+        members = g[MEMBERS]
         site, origin = callsite.lookup()
         root = members[call.root] if call.root is not None else None
         peer = members[call.peer] if call.peer is not None else None
-        seq = g[2]
-        g[2] = seq + 1
+        seq = g[ENTERED]
+        g[ENTERED] = seq + 1
         core = call.core(None, root, peer)
-        entry = [self.rank, g[0], seq, call.op, call.nbytes, site, arrive, arrive, 0, None,
-                 len(members), origin, core, name]  # fmt: skip
+        entry = [
+            self.rank,
+            g[LABEL],
+            seq,
+            call.op,
+            call.nbytes,
+            site,
+            arrive,
+            arrive,
+            0,
+            None,
+            len(members),
+            origin,
+            core,
+            name,
+        ]
         before = self.open.get(name)
-        if before is not None and before[0][8] == 0:
-            before[0][8] = arrive  # a group's calls end in order: the one before has ended
+        if before is not None and before[0][END] == 0:
+            before[0][END] = arrive  # a group's calls end in order: the one before has ended
         self.open[name] = (entry, _PENDING)
         gate = self.gate
         if gate is not None and threading.current_thread() is _MAIN:
             gate(entry)
-            entry[7] = time.monotonic_ns()
+            entry[START] = time.monotonic_ns()
         self.recorder.add(entry)
         result = dispatch()
         self.open[name] = (entry, _work(result))
@@ -86,7 +102,7 @@ class Tape:
         if pg is not None and not c10d._rank_not_in_group(pg):
             members = tuple(dist.get_process_group_ranks(pg))
             if self.rank in members:
-                g = [group_label(pg, members), members, 0]
+                g = [group_label(pg, members), members, 0]  # LABEL, MEMBERS, ENTERED
         self.groups[name] = g
         return g
 
@@ -101,15 +117,15 @@ class Tape:
         for entry, work in list(self.open.values()):
             done = work is not _PENDING and (work is None or _completed(work))
             if done:
-                if entry[8] == 0:
-                    entry[8] = now  # noticed here; the exact end is not needed
-            elif found is None or entry[6] < found[6]:
+                if entry[END] == 0:
+                    entry[END] = now  # noticed here; the exact end is not needed
+            elif found is None or entry[ARRIVE] < found[ARRIVE]:
                 found = entry
-        return None if found is None else (found, (now - found[6]) / 1e9)
+        return None if found is None else (found, (now - found[ARRIVE]) / 1e9)
 
     def calls(self) -> dict[str, int]:
         """Per group (registered name), the collectives entered so far."""
-        return {name: g[2] for name, g in self.groups.items() if g is not None}
+        return {name: g[ENTERED] for name, g in self.groups.items() if g is not None}
 
 
 def _work(result: Any) -> Any:

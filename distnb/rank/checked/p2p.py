@@ -4,7 +4,7 @@
 Messages are counted per channel (group, src, dst, tag), the unit in which backends keep them
 in order. The sender posts its fingerprint for message n on the channel and sends; it never waits
 for the receiver (so `isend` stays non-blocking and valid send/recv orders keep working). The
-receiver waits for fingerprint n and compares its buffer with it (`matching.match_p2p`). On a
+receiver waits for fingerprint n and compares its buffer with it (`judgement.match_p2p`). On a
 mismatch the receiver posts its verdict on the channel, receives the message into a scratch
 tensor shaped like the sent one (so the sender's transfer completes and gloo never aborts), and
 raises `CollectiveMismatchError`. A blocking `dist.send` completes only once the receiver has
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distnb import matching
+from distnb import judgement
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked.calls import Call, group_name, local, spec
 from distnb.rank.checked.checker import WAIT_ENDED, Checker
@@ -236,7 +236,7 @@ class P2P:
         if data == exchange.LAPPED:
             return key, n, None
         sent = fingerprint(decode(data), rank=peer, group=g.label, seq=n, members=())
-        mismatch = matching.match_p2p(sent, mine())
+        mismatch = judgement.match_p2p(sent, mine())
         if mismatch is not None:
             board.post(1, n + 1, mismatch.to_json().encode())
             c.last_mismatch = mismatch
@@ -262,13 +262,14 @@ class P2P:
         label = f"{g.label if g else key[0]} {src}->{dst}" + (f" tag {tag}" if tag else "")
         site, origin = where
         # the end of point-to-point work is not known here (gloo's has no future)
-        entry = [c.rank, label, n, call.op, call.nbytes, site, arrive, start, 0, c.run_id, 2]
-        c.recorder.add([*entry, origin])
+        c.recorder.add(
+            [c.rank, label, n, call.op, call.nbytes, site, arrive, start, 0, c.run_id, 2, origin]
+        )
 
 
 def _scratch(mismatch: Mismatch, call: Call) -> torch.Tensor:
     """A buffer shaped like the tensor actually sent, on this rank's device type."""
-    sent = next(f for f in mismatch.fingerprints if matching.canonical_op(f.op) == "send")
+    sent = next(f for f in mismatch.fingerprints if judgement.canonical_op(f.op) == "send")
     sent_spec = sent.inputs[0]
     device = call.outputs[0][2] if call.outputs else "cpu"
     return torch.empty(sent_spec.shape, dtype=getattr(torch, sent_spec.dtype), device=device)

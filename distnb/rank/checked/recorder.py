@@ -12,12 +12,28 @@ from typing import Any
 from distnb.errors import ConfigError
 from distnb.records.collective import CallSite, CollectiveEvent
 
-__all__ = ["END", "Recorder"]
+__all__ = [
+    "ARRIVE",
+    "END",
+    "GROUP",
+    "NBYTES",
+    "OP",
+    "ORIGIN",
+    "RANK",
+    "RUN",
+    "SEQ",
+    "SITE",
+    "SIZE",
+    "START",
+    "Recorder",
+    "entry_event",
+]
 
-# entry layout: [rank, group, seq, op, nbytes, site, arrive_ns, start_ns, end_ns, run_id, size,
-# origin]
-# where site is callsite.Site: (file, line, cell or -1, code)
-END = 8
+# An entry is a list, its slots named here (a list costs one allocation and no `__init__`):
+# [rank, group (its label), seq, op, nbytes, site, arrive_ns, start_ns, end_ns, run_id, group
+# size, origin], where site is `callsite.Site`: (file, line, cell or -1, code). The agent's tape
+# adds two slots of its own after these (`distnb.rank.agent.tape`).
+RANK, GROUP, SEQ, OP, NBYTES, SITE, ARRIVE, START, END, RUN, SIZE, ORIGIN = range(12)
 
 
 class Recorder:
@@ -42,10 +58,10 @@ class Recorder:
             entry = self.ring[i % self.size]
             if entry is None:
                 continue
-            run_id = entry[9]
+            run_id = entry[RUN]
             if since_run is not None and (run_id is None or run_id < since_run):
                 continue
-            out.append(_event(entry))
+            out.append(entry_event(entry))
         return out
 
     def clear(self) -> None:
@@ -53,19 +69,20 @@ class Recorder:
         self.count = 0
 
 
-def _event(e: list[Any]) -> CollectiveEvent:
-    file, line, cell, code = e[5]
+def entry_event(e: list[Any]) -> CollectiveEvent:
+    """The `CollectiveEvent` of a ring entry."""
+    file, line, cell, code = e[SITE]
     return CollectiveEvent(
-        rank=e[0],
-        group=e[1],
-        seq=e[2],
-        op=e[3],
-        nbytes=e[4],
+        rank=e[RANK],
+        group=e[GROUP],
+        seq=e[SEQ],
+        op=e[OP],
+        nbytes=e[NBYTES],
         site=CallSite(file, line, None if cell < 0 else cell, code),
-        arrive_ns=e[6],
-        start_ns=e[7],
+        arrive_ns=e[ARRIVE],
+        start_ns=e[START],
         end_ns=e[END],
-        run_id=e[9],
-        group_size=e[10],
-        origin=e[11],
+        run_id=e[RUN],
+        group_size=e[SIZE],
+        origin=e[ORIGIN],
     )

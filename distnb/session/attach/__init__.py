@@ -57,7 +57,7 @@ def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
                 "of the job for a line starting with 'distnb:')"
             )
         time.sleep(0.05)
-    world = int(first["world_size"])
+    world = first.world_size
     # every rank's agent, so that a first request reaches all of them; one still missing at
     # the deadline is shown as such by the status (it has not imported torch, or it died)
     while time.monotonic() < deadline and any(link.registered(r) is None for r in range(world)):
@@ -101,9 +101,12 @@ def locate(target: str | None) -> JobFolder:
 
 
 def attach_processes(
-    run: str | None = None, *, hosts: Sequence[str] = (), ssh_args: Sequence[str] = (),
+    run: str | None = None,
+    *,
+    hosts: Sequence[str] = (),
+    ssh_args: Sequence[str] = (),
     python: str = "",
-) -> JobView:  # fmt: skip
+) -> JobView:
     """Read-only attach to a torchrun job without the agent (see `procs`): its ranks, their
     py-spy stacks, and what stacks alone say. `hosts`: where to look, over ssh (`remote`:
     `ssh_args` for ssh, `python` the hosts' Python, by default this one's path); none: this
@@ -118,8 +121,10 @@ def attach_processes(
     snaps = remote.snapshots_on(hosts, run, ssh_args, python) if hosts else procs.snapshots(run)
     where = ", ".join(hosts) if hosts else "this machine"
     if not snaps:
-        raise ConfigError(f"no torchrun worker runs on {where} (none has RANK and "
-                          "TORCHELASTIC_RUN_ID in its environment)")  # fmt: skip
+        raise ConfigError(
+            f"no torchrun worker runs on {where} (none has RANK and "
+            "TORCHELASTIC_RUN_ID in its environment)"
+        )
     on = ", ".join(sorted({s.host for s in snaps}))
     title = (
         f"torchrun job on {on}, without distnb's agent: {len(snaps)} of "

@@ -1,11 +1,12 @@
 """The notebook's connection to an attached job: its control plane, and requests to its ranks.
 
-`Link.ask` posts one request to each rank's agent at once (numbered with the rank's counter,
-`keys.agent_calls`) and collects the replies as they come, so a status of 16 ranks costs one
-round of requests, not 16 in turn. A rank that does not answer in time is left out: the caller
-says what that means. `Link.lease` counts the job's lease up every second from a thread of its
-own while the notebook is attached (`distnb.rank.agent.stopped`): when the kernel dies, the
-count stops, and stopped or held ranks go on by themselves.
+`Link.ask` posts one request (`distnb.records.agent.AgentRequest`) to each rank's agent at once
+(numbered with the rank's counter, `keys.agent_calls`) and collects the replies (`Reply`) as
+they come, so a status of 16 ranks costs one round of requests, not 16 in turn. A rank that
+does not answer in time is left out: the caller says what that means. `Link.lease` counts the
+job's lease up every second from a thread of its own while the notebook is attached
+(`distnb.rank.agent.stopped`): when the kernel dies, the count stops, and stopped or held ranks
+go on by themselves.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from distnb import keys
 from distnb.errors import SessionError
 from distnb.jobfolder import Endpoint
+from distnb.records.agent import AgentInfo, AgentRequest, Reply, dumps_request, loads_reply
 
 __all__ = ["Link"]
 
@@ -61,22 +63,22 @@ class Link:
         return SignedStore(dist.PrefixStore(e.run, raw), self._secret)
 
     def ask(
-        self, ranks: Iterable[int], request: dict[str, Any], timeout_s: float = 2.0
-    ) -> dict[int, dict[str, Any]]:
-        """Each rank's reply (`{"ok": ...}` or `{"error": ...}`); ranks silent for `timeout_s`
+        self, ranks: Iterable[int], request: AgentRequest, timeout_s: float = 2.0
+    ) -> dict[int, Reply]:
+        """Each rank's reply (a value, or the error it raised); ranks silent for `timeout_s`
         are left out."""
-        body = json.dumps(request)
+        body = dumps_request(request)
         pending = {}
         for rank in ranks:
             n = self.store.add(keys.agent_calls(rank), 1) - 1
             self.store.set(keys.agent_request(rank, n), body)
             pending[rank] = keys.agent_reply(rank, n)
-        replies: dict[int, dict[str, Any]] = {}
+        replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout_s
         while pending:
             for rank, key in list(pending.items()):
                 if self.store.check([key]):
-                    replies[rank] = json.loads(self.store.get(key))
+                    replies[rank] = loads_reply(self.store.get(key))
                     self.store.delete_key(key)
                     del pending[rank]
             if not pending or time.monotonic() > deadline:
@@ -84,13 +86,13 @@ class Link:
             time.sleep(_POLL_S)
         return replies
 
-    def registered(self, rank: int) -> dict[str, Any] | None:
+    def registered(self, rank: int) -> AgentInfo | None:
         """What rank `rank`'s agent said at its start (host, pid, local rank, world size)."""
         key = keys.agent_rank(rank)
         if not self.store.check([key]):
             return None
         raw = self.store.multi_get([key])[0]
-        return json.loads(raw) if raw else None
+        return AgentInfo.from_dict(json.loads(raw)) if raw else None
 
     def start_lease(self) -> None:
         if self._lease is None:

@@ -6,15 +6,15 @@ scopes, variables (tensors as dtype, shape, device and a preview), and `next`, `
 `stepOut`, `continue` relayed to that rank. What differs is how a rank gets there:
 
 - a rank stopped at its debugger prompt (`job.stop()`, or a breakpoint set from the notebook)
-  is asked to start debugpy (`CALL` `listen`, `distnb.rank.agent.panel`: only now, so an agent
+  is asked to start debugpy (a `Call` of `Listen`, `distnb.rank.agent.panel`: only now, so an agent
   never asked never imports it), on its loopback, as distnb's own ranks do: debugpy has no
   authentication. The kernel connects to it (`links.ready`): directly on this machine, through
   the job's signed control plane from another host (`distnb.rank.debug.relay`, the rank's end
   on the agent's store connections), sets the breakpoints the notebook
-  set on that rank (`job.breakpoint`), now debugpy's, and hands the rank over (`PANEL`): pdb
+  set on that rank (`job.breakpoint`), now debugpy's, and hands the rank over (`Panel`): pdb
   lets go and the rank suspends in debugpy at the line it stopped at;
 - peers wait safely: when a rank stops in the panel, every rank of the job not stopped is held
-  before its next collective (the agent's `hold`: it waits outside gloo or NCCL, where
+  before its next collective (the agent's `Hold`: it waits outside gloo or NCCL, where
   timeouts run); once no rank is stopped for `RELEASE_S` (a rank continued, or stepping over a
   collective that needs its peers), they are released;
 - `close` (at `detach`): the stopped ranks are continued, the connections end, and the agents
@@ -33,6 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError
+from distnb.records.agent import Hold, Listen, Listening, Panel, RelayTo, Release, answer_line
 from distnb.session.attach import inside
 from distnb.session.debugger import links, visual
 from distnb.session.debugger.dap import DapError
@@ -41,9 +42,8 @@ if TYPE_CHECKING:
     from distnb.session.attach.surface import JobSurface
     from distnb.session.debugger.visual import VisualDebugger
 
-__all__ = ["PANEL", "RELEASE_S", "JobPanel", "relay"]
+__all__ = ["RELEASE_S", "JobPanel", "relay"]
 
-PANEL = "\0panel"  # the agent's own answer (distnb.rank.agent.stopped)
 RELEASE_S = 1.0
 Message = dict[str, Any]
 
@@ -88,35 +88,40 @@ class JobPanel:
         asked = inside.stopped(self.job, None, wait_s)
         new = [r for r in asked if not self.connected(r)]
         if new:
-            found = inside.call(self.job, {"fn": "listen"}, new)
+            found = inside.call(self.job, Listen(), new)
             for rank in new:
-                self._connect(rank, found[rank], breaks.get(rank, {}))
+                self._connect(rank, Listening.from_dict(found[rank]), breaks.get(rank, {}))
         self.relay.panel.listen()
         for request in inside.stopped(self.job, list(asked), wait_s).values():
-            self.job.prompts.answer(request.n, PANEL)
+            self.job.prompts.answer(request.n, answer_line(Panel()))
         return sorted(asked)
 
-    def _connect(self, rank: int, where: Message, breaks: dict[str, list[Message]]) -> None:
+    def _connect(self, rank: int, where: Listening, breaks: dict[str, list[Message]]) -> None:
         try:
-            client = links.ready(self._socket(rank, where), f"rank {rank}", where["folders"],
-                                 breaks, partial(self._event, rank))  # fmt: skip
+            client = links.ready(
+                self._socket(rank, where),
+                f"rank {rank}",
+                where.folders,
+                breaks,
+                partial(self._event, rank),
+            )
         except (DapError, OSError) as exc:
             raise ConfigError(f"JupyterLab's debugger cannot reach rank {rank}: {exc}") from None
         self.relay.clients[rank] = client
         self.ranks.add(rank)
 
-    def _socket(self, rank: int, where: Message) -> socket.socket:
+    def _socket(self, rank: int, where: Listening) -> socket.socket:
         """Straight to the rank's adapter on this machine; on another host, relayed over the
         job's signed control plane (debugpy listens on the rank's loopback only)."""
         if _here(self.job, rank):
-            return socket.create_connection((where["host"], int(where["port"])), timeout=10)
+            return socket.create_connection((where.host, where.port), timeout=10)
         from distnb.rank.debug.relay import Relay  # the rank's package: loaded only here
 
         channel = f"{rank}-{secrets.token_hex(4)}"
         ours, theirs = socket.socketpair()
         link = self.job.link
         Relay(theirs, channel, "rank", (link.client(), link.client()))
-        inside.call(self.job, {"fn": "relay", "channel": channel}, [rank])
+        inside.call(self.job, RelayTo(channel), [rank])
         return ours
 
     def set_breaks(self, rank: int, path: str, breaks: list[Message]) -> None:
@@ -157,9 +162,9 @@ class JobPanel:
             try:
                 if stopped:
                     others = [r for r in self.job.ranks if r not in stopped]
-                    self.link.ask(others, {"op": "hold"})
+                    self.link.ask(others, Hold())
                 else:
-                    self.link.ask(self.job.ranks, {"op": "release"})
+                    self.link.ask(self.job.ranks, Release())
             except (RuntimeError, AttributeError):  # detached meanwhile
                 pass
 
@@ -177,5 +182,5 @@ class JobPanel:
 
 def _here(job: JobSurface, rank: int) -> bool:
     """Whether `rank` runs on this machine (its agent said where at its start)."""
-    here = socket.gethostname()
-    return bool((job.link.registered(rank) or {}).get("host", here) == here)
+    info = job.link.registered(rank)
+    return info is None or info.host == socket.gethostname()

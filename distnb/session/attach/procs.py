@@ -51,8 +51,13 @@ def pyspy_stack(pid: int) -> tuple[Frame, ...]:
     if exe is None:
         return ()
     try:
-        done = subprocess.run([exe, "dump", "--json", "--pid", str(pid)], capture_output=True,
-                              text=True, timeout=_PYSPY_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            [exe, "dump", "--json", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=_PYSPY_TIMEOUT_S,
+            check=False,
+        )
         threads = json.loads(done.stdout) if done.returncode == 0 else []
     except (subprocess.TimeoutExpired, ValueError, OSError):
         return ()

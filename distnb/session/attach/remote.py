@@ -39,19 +39,28 @@ def snapshots_on(
         answers = list(pool.map(lambda h: _ask(h, command, ssh_args), hosts))
     runs = sorted({r for answer in answers for r in answer["runs"]})
     if len(runs) > 1:
-        raise ConfigError(f"{len(runs)} torchrun jobs run on {', '.join(hosts)} "
-                          f"({', '.join(runs)}): name one (its TORCHELASTIC_RUN_ID)")  # fmt: skip
+        raise ConfigError(
+            f"{len(runs)} torchrun jobs run on {', '.join(hosts)} "
+            f"({', '.join(runs)}): name one (its TORCHELASTIC_RUN_ID)"
+        )
     snaps = [RankSnapshot.from_dict(d) for answer in answers for d in answer["ranks"]]
     return sorted(snaps, key=lambda s: s.rank)
 
 
 def _ask(host: str, command: str, ssh_args: Sequence[str]) -> dict[str, Any]:
     try:
-        done = subprocess.run(["ssh", *ssh_args, host, command], capture_output=True, text=True,
-                              timeout=SSH_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["ssh", *ssh_args, host, command],
+            capture_output=True,
+            text=True,
+            timeout=SSH_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"{host} did not answer in {SSH_TIMEOUT_S:g} s over ssh: is it "
-                          "reachable (ssh_args=...)?") from None  # fmt: skip
+        raise ConfigError(
+            f"{host} did not answer in {SSH_TIMEOUT_S:g} s over ssh: is it "
+            "reachable (ssh_args=...)?"
+        ) from None
     found = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
     if done.returncode != 0 or not found:
         said = (done.stderr.strip() or done.stdout.strip())[-500:]

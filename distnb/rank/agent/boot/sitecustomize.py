@@ -68,8 +68,10 @@ def _host() -> None:
         env = os.environ
         _hosted = host(env.get(RUN_VAR, ""), env.get(HOST_VAR) or "127.0.0.1", tuple(sys.argv))
     except Exception as exc:  # never the job's end: it runs unattachable
-        print(f"distnb: no control plane for this job ({exc}); it runs without distnb's agent",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"distnb: no control plane for this job ({exc}); it runs without distnb's agent",
+            file=sys.stderr,
+        )
         return
     hook = sys.excepthook
 
