@@ -9,6 +9,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import distnb
+from distnb.errors import ConfigError
 from distnb.magics import DistMagics
 from tests.conftest import running
 
@@ -32,6 +33,7 @@ def no_session(magics: DistMagics) -> Iterator[DistMagics]:
     magics.session = saved
 
 
+@pytest.mark.check
 def test_loading_twice_registers_one_set_of_magics(shell: InteractiveShell) -> None:
     shell.run_line_magic("load_ext", "distnb")
     distnb.load_ipython_extension(shell)
@@ -75,6 +77,7 @@ def test_magic_lifecycle_start_status_run_restart_stop(
         ("--frobnicate", "Usage: %dist_start"),
     ],
 )
+@pytest.mark.check
 def test_bad_start_arguments_say_the_fix_and_start_nothing(
     shell: InteractiveShell, no_session: DistMagics, line: str, fix: str
 ) -> None:
@@ -83,6 +86,7 @@ def test_bad_start_arguments_say_the_fix_and_start_nothing(
     assert no_session.session is None or not no_session.session.running
 
 
+@pytest.mark.check
 def test_allranks_before_start_says_how_to_start(
     shell: InteractiveShell, no_session: DistMagics
 ) -> None:
@@ -95,11 +99,17 @@ def test_allranks_before_start_says_how_to_start(
     [
         ("dist_start", "-n 2", "already running: use it, or %dist_restart / %dist_stop"),
         ("allranks", "--ranks 7", r"ranks \[7\] are not in this session, which has ranks 0-1"),
-        ("allranks", "--ranks x", "--ranks takes comma-separated ranks"),
+        ("allranks", "--ranks x", "--ranks: 'x' is not a rank or a range of ranks: write ranks as"),
+        ("allranks", "--ranks 1-0", "--ranks: '1-0': a range goes up"),
+        ("allranks", "--ranks 0-", "write ranks as 0-3,6 or all"),
+        ("allranks", "--ranks dp=1", "--ranks: 'dp=1' is a mesh slice"),
+        ("dist_pull", "x --ranks x", "--ranks: 'x' is not a rank"),
+        ("dist_auto", "on --ranks 0-", "--ranks: '0-' is not a rank"),
         ("allranks", "--timeout -1", "--timeout must be > 0"),
         ("allranks", "--bogus", "Usage: %allranks"),
     ],
 )
+@pytest.mark.check
 def test_bad_input_leaves_the_running_cluster_untouched(
     shell: InteractiveShell,
     magics: DistMagics,
@@ -118,3 +128,36 @@ def test_bad_input_leaves_the_running_cluster_untouched(
     assert magics.session.pids() == before
     shell.run_cell_magic("allranks", "", "print('fine')")
     assert "[ranks 0-1] fine" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("line", "label"),
+    [
+        ("--ranks 0-1", "[ranks 0-1]"),
+        ('--ranks "ranks 0-1"', "[ranks 0-1]"),
+        ("--ranks 'rank 1'", "[rank 1]"),
+        ("--ranks 1", "[rank 1]"),
+        ("--ranks all", "[ranks 0-1]"),
+    ],
+)
+def test_ranks_reads_what_distnb_prints(
+    shell: InteractiveShell, line: str, label: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_cell_magic("allranks", line, "print('here')")
+    out = capsys.readouterr().out
+    assert f"{label} here" in out and out.count("here") == 1
+
+
+def test_python_ranks_take_the_same_text(
+    magics: DistMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session = magics.session
+    assert session is not None
+    assert [o.rank for o in session.run("print('py')", ranks="rank 1").outputs] == [1]
+    assert "[rank 1] py" in capsys.readouterr().out
+    assert session.call(int, "7", ranks="0-1") == [7, 7]
+    assert [t.rank for t in session.targets("ranks 0-1")] == [0, 1]
+    with pytest.raises(ConfigError, match="'0-' is not a rank or a range of ranks: write ranks as"):
+        session.run("print('never')", ranks="0-")
+    with pytest.raises(ConfigError, match=r"ranks \[5\] are not in this session"):
+        session.targets("5")

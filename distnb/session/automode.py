@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from distnb.errors import SessionError
-from distnb.ranklist import format_ranks
+from distnb.ranklist import RankArg, format_ranks
 from distnb.session.options import check_timeout
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class AutoMode:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.session: SessionSurface | None = None
-        self.ranks: list[int] | None = None
+        self.ranks: RankArg | None = None
         self.timeout: float | None = None
         self.check = True
         self.label = ""
@@ -105,7 +105,7 @@ class AutoMode:
         return lines
 
     def enable(
-        self, session: SessionSurface, ranks: list[int] | None, timeout: float | None, check: bool
+        self, session: SessionSurface, ranks: RankArg | None, timeout: float | None, check: bool
     ) -> None:
         self.session, self.ranks, self.timeout, self.check = session, ranks, timeout, check
         self.label = format_ranks(t.rank for t in session.targets(ranks))
@@ -165,7 +165,7 @@ class AutoMode:
 def auto(
     session: SessionSurface,
     on: bool = True,
-    ranks: list[int] | None = None,
+    ranks: RankArg | None = None,
     timeout: float | None = None,
     check: bool = True,
 ) -> None:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from distnb.errors import ConfigError, RankError, SessionError
-from distnb.ranklist import format_ranks
+from distnb.ranklist import RankArg, format_ranks, rank_arg
 from distnb.records.cell import RankFailure, RankInfo
 from distnb.session import automode, data, inspection, replicas, status
 from distnb.session.cluster import Cluster
@@ -195,13 +195,14 @@ class Session:
     def run(
         self,
         code: str,
-        ranks: list[int] | None = None,
+        ranks: RankArg | None = None,
         timeout: float | None = None,
         check: bool = True,
         shapes: bool = False,
         timeline: bool = False,
     ) -> CellResult:
-        """Run `code` on every rank (or the listed ones); return each rank's output.
+        """Run `code` on every rank (or the listed ones: `[0, 2]`, or `"0-3,6"` as `--ranks`
+        reads it); return each rank's output.
 
         >>> r = s.run("x = torch.ones(2) * rank\ndist.all_reduce(x)\nx.sum().item()")
         [rank 0] ...
@@ -314,7 +315,7 @@ class Session:
         self,
         fn: Callable[..., Any],
         *args: Any,
-        ranks: list[int] | None = None,
+        ranks: RankArg | None = None,
         timeout: float | None = 60.0,
     ) -> list[Any]:
         """Call `fn(*args)` on every rank (or the listed ones); return the results in rank order.
@@ -340,9 +341,14 @@ class Session:
             raise failing.call_error(getattr(fn, "__name__", "function"), failures)
         return results
 
-    def targets(self, ranks: Sequence[int] | None) -> list[RankInfo]:
-        """The listed ranks' records, in rank order (every rank's for None); `ConfigError`
-        naming the ranks this session has, for a rank it does not."""
+    def targets(self, ranks: RankArg | None) -> list[RankInfo]:
+        """The listed ranks' records, in rank order (every rank's for None or `"all"`); a
+        string reads as `--ranks` does (`"0-3,6"`, `"ranks 0-1"`). `ConfigError` naming the
+        ranks this session has, for a rank it does not."""
+        try:
+            ranks = rank_arg(ranks)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if ranks is None:
             return list(self.ranks)
         world = len(self.ranks)
@@ -350,7 +356,7 @@ class Session:
         if bad or not ranks:
             raise ConfigError(
                 f"ranks {bad or ranks} are not in this session, which has "
-                f"{format_ranks(range(world))}; e.g. --ranks 0,{world - 1}"
+                f"{format_ranks(range(world))}; e.g. --ranks 0-{world - 1}"
             )
         return [self.ranks[r] for r in sorted(set(ranks))]
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError, RankError
-from distnb.ranklist import format_ranks
+from distnb.ranklist import RankArg, format_ranks
 from distnb.records.transfer import Reason, Refusal
 from distnb.views._format import format_bytes
 
@@ -37,7 +37,7 @@ _REBUILD_FIX = (
 
 
 def pull(
-    session: SessionSurface, name: str, ranks: list[int] | None = None, limit: int | None = None
+    session: SessionSurface, name: str, ranks: RankArg | None = None, limit: int | None = None
 ) -> list[Any]:
     """Each rank's `name` (a name or dotted path), in rank order; tensors come on the CPU.
 
@@ -65,7 +65,7 @@ def pull(
 
 
 def push(
-    session: SessionSurface, ranks: list[int] | None = None, limit: int | None = None, **values: Any
+    session: SessionSurface, ranks: RankArg | None = None, limit: int | None = None, **values: Any
 ) -> None:
     """Bind each keyword's value to its name on every rank (or the listed ones).
 

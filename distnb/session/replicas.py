@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from distnb.errors import ConfigError, RankError
-from distnb.ranklist import format_ranks
+from distnb.ranklist import RankArg, format_ranks
 from distnb.records.replicas import bad_options
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def diff(
     buffers: bool = False,
     atol: float = 0.0,
     expect: str = "same",
-    ranks: list[int] | None = None,
+    ranks: RankArg | None = None,
 ) -> ReplicaView:
     """Compare `names` (modules, tensors, optimizers, dicts and lists of them) across the ranks
     that should hold them identically; with `grads`/`buffers`, modules' gradients and buffers
@@ -47,7 +47,8 @@ def diff(
         raise ConfigError("name what to compare: %dist_diff model [opt ...]")
     if bad := bad_options(atol, expect):
         raise ConfigError(f"--{bad}")
-    targets = sorted(ranks) if ranks is not None else None
+    session.require_running(notice=True)  # before `targets`, which reads the running ranks
+    targets = [t.rank for t in session.targets(ranks)] if ranks is not None else None
     check = partial(
         diff_replicas, grads=grads, buffers=buffers, atol=atol, expect=expect, ranks=targets
     )

@@ -7,10 +7,11 @@ the module that makes one, and `core` and they do not import each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from distnb.ranklist import RankArg
     from distnb.records.cell import RankInfo
     from distnb.session.cluster import Cluster
     from distnb.session.runs.request import CellResult
@@ -36,15 +37,15 @@ class SessionSurface(Protocol):
         self,
         fn: Callable[..., Any],
         *args: Any,
-        ranks: list[int] | None = None,
+        ranks: RankArg | None = None,
         timeout: float | None = 60.0,
     ) -> list[Any]: ...
-    def targets(self, ranks: Sequence[int] | None) -> list[RankInfo]: ...
+    def targets(self, ranks: RankArg | None) -> list[RankInfo]: ...
     def require_running(self, notice: bool = False) -> None: ...
     def run(
         self,
         code: str,
-        ranks: list[int] | None = None,
+        ranks: RankArg | None = None,
         timeout: float | None = None,
         check: bool = True,
         shapes: bool = False,

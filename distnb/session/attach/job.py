@@ -18,23 +18,37 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from distnb.errors import ConfigError, SessionError
 from distnb.jobfolder import JobFolder
+from distnb.judgement import snapshot
+from distnb.ranklist import RankArg, rank_arg
+from distnb.records.agent import (
+    AgentRequest,
+    Break,
+    Detach,
+    Events,
+    Hold,
+    Recorded,
+    Release,
+    Reply,
+    Status,
+    Stop,
+    StopAt,
+    answer_line,
+)
 from distnb.records.attach import AgentState, RankSnapshot
 from distnb.records.collective import CollectiveEvent, Fingerprint
-from distnb.session.attach import inside, verdict
+from distnb.session.attach import inside
 from distnb.session.attach.link import Link
 from distnb.session.attach.panel import JobPanel, relay
 from distnb.session.attach.procs import pyspy_stack
 from distnb.session.attach.prompts import JobPrompts
 from distnb.views.attach import JobView
 
-__all__ = ["DETACH", "AttachedJob"]
-
-DETACH = "\0detach"  # the agent's own answer (distnb.rank.agent.stopped)
-_STOPS = ("collective", "step")
+__all__ = ["AttachedJob"]
 
 
 class AttachedJob:
@@ -64,21 +78,21 @@ class AttachedJob:
 
     def snapshots(self, timeout_s: float = 2.0) -> list[RankSnapshot]:
         """Each rank's state and live stack, in rank order."""
-        replies = self._ask({"op": "status"}, None, timeout_s)
+        replies = self._ask(Status(), None, timeout_s)
         out = []
         for rank in self.ranks:
             reply = replies.get(rank)
-            if reply is not None and "ok" in reply:
-                out.append(RankSnapshot.from_dict(reply["ok"]))
+            if reply is not None and reply.ok:
+                out.append(RankSnapshot.from_dict(reply.value))
             else:
                 out.append(self._silent(rank))
         return out
 
     def _silent(self, rank: int) -> RankSnapshot:
-        info = self.link.registered(rank) or {}
-        host, pid = str(info.get("host", "?")), int(info.get("pid", 0))
+        info = self.link.registered(rank)
+        host, pid = (info.host, info.pid) if info is not None else ("?", 0)
         here = host == socket.gethostname()
-        if not info:
+        if info is None:
             words = "has not started its agent (the script has not imported torch yet?)"
         elif here and not _alive(pid):
             words = f"ended (process {pid} is gone)"
@@ -86,26 +100,32 @@ class AttachedJob:
             words = "does not answer (alive; its GIL held in native code?)"
         stack = pyspy_stack(pid) if here and pid and _alive(pid) else ()
         source = "py-spy" if stack else "agent"
-        return RankSnapshot(rank, host, pid, AgentState.GONE, len(self.ranks),
-                            stack=stack, where=words, source=source)  # fmt: skip
+        return RankSnapshot(
+            rank,
+            host,
+            pid,
+            AgentState.GONE,
+            len(self.ranks),
+            stack=stack,
+            where=words,
+            source=source,
+        )
 
     def events(self, last: int = 1000) -> dict[int, list[tuple[CollectiveEvent, Fingerprint]]]:
         """Each rank's last `last` collectives, with their fingerprints."""
-        replies = self._ask({"op": "events", "last": last}, None, 5.0)
+        replies = self._ask(Events(last), None, 5.0)
+        recorded = {r: [Recorded.from_dict(d) for d in rep.value] for r, rep in replies.items()}
         return {
-            rank: [
-                (CollectiveEvent.from_dict(e["event"]), Fingerprint.from_dict(e["fp"]))
-                for e in reply["ok"]
-            ]
-            for rank, reply in sorted(replies.items())
-            if "ok" in reply
+            rank: [(e.event, e.fingerprint) for e in found]
+            for rank, found in sorted(recorded.items())
         }
 
     def verdicts(self, snapshots: Sequence[RankSnapshot] | None = None) -> list[str]:
-        """Who waits for whom, where, and why; mismatches the records show (see `verdict`)."""
+        """Who waits for whom, where, and why; mismatches the records show
+        (`distnb.judgement.snapshot`)."""
         snaps = self.snapshots() if snapshots is None else snapshots
         recorded = self.events()
-        return verdict.verdicts(
+        return snapshot.verdicts(
             snaps,
             {r: [e for e, _ in es] for r, es in recorded.items()},
             {r: [f for _, f in es] for r, es in recorded.items()},
@@ -132,22 +152,23 @@ class AttachedJob:
 
     # --- driving ------------------------------------------------------------------------------
 
-    def stop(self, ranks: Sequence[int] | None = None, at: str = "collective") -> None:
+    def stop(self, ranks: RankArg | None = None, at: str = "collective") -> None:
         """Stop `ranks` (default: all) in the debugger before their next collective, or after
         their next optimizer step (`at="step"`); the other ranks are held before their next
         collective meanwhile. Then `debug()` (or `run(code)`)."""
-        if at not in _STOPS:
-            raise ConfigError(f"at is 'collective' or 'step', not {at!r}")
+        try:
+            point = StopAt(at)
+        except ValueError:
+            known = " or ".join(repr(p.value) for p in StopAt)
+            raise ConfigError(f"at is {known}, not {at!r}") from None
         chosen = self.pick(ranks)
         self.link.start_lease()
-        self._ask({"op": "stop", "at": at}, chosen)
+        self._ask(Stop(point), chosen)
         others = [r for r in self.ranks if r not in chosen]
         if others:
-            self._ask({"op": "hold"}, others)
+            self._ask(Hold(), others)
 
-    def breakpoint(
-        self, where: str, cond: str | None = None, ranks: Sequence[int] | None = None
-    ) -> None:
+    def breakpoint(self, where: str, cond: str | None = None, ranks: RankArg | None = None) -> None:
         """A breakpoint at `file:line` (a path, or the end of one: `train.py:52`) on `ranks`
         (default: all), with an optional condition; it takes effect at the rank's next
         collective or step (at once on a rank in JupyterLab's panel, `panel`). A file or line
@@ -156,17 +177,18 @@ class AttachedJob:
         if not file or not line.isdigit():
             raise ConfigError(f"a breakpoint is FILE:LINE, e.g. train.py:52, not {where!r}")
         self.link.start_lease()
-        request = {"op": "break", "file": file, "line": int(line), "cond": cond or ""}
+        request = Break(file, int(line), cond or None)
         chosen = self.pick(ranks)
         shown = [r for r in chosen if self.visual is not None and self.visual.connected(r)]
         found = self._ask(request, [r for r in chosen if r not in shown])
-        found |= self._ask({**request, "check": True}, shown)  # the panel's: set in debugpy
+        found |= self._ask(replace(request, check=True), shown)  # the panel's: set in debugpy
         mark = {"line": int(line), **({"condition": cond} if cond else {})}
         for rank, reply in found.items():
-            lines = self.breaks.setdefault(rank, {}).setdefault(reply["ok"], [])
+            path = str(reply.value)
+            lines = self.breaks.setdefault(rank, {}).setdefault(path, [])
             lines.append(mark)
             if rank in shown and self.visual is not None:
-                self.visual.set_breaks(rank, reply["ok"], lines)
+                self.visual.set_breaks(rank, path, lines)
 
     def panel(self, wait_s: float = 30.0) -> list[int]:
         """Show the stopped ranks in JupyterLab's debugger panel (switched on with its bug icon):
@@ -201,7 +223,7 @@ class AttachedJob:
             elif time.monotonic() > deadline or (held and not self.prompts.open):
                 break
             time.sleep(0.05)
-        self._ask({"op": "release"}, None)
+        self._ask(Release(), None)
 
     def open_prompts(self, wait_s: float) -> list[Any]:
         """The stopped ranks' open prompts, once one is there (or no rank is stopping)."""
@@ -214,7 +236,7 @@ class AttachedJob:
                 return found
             time.sleep(0.02)
 
-    def resume(self, ranks: Sequence[int] | None = None) -> None:
+    def resume(self, ranks: RankArg | None = None) -> None:
         """Let stopped ranks go on (`c` at their prompts) and release the held ones, leaving
         breakpoints and overflow watches in place (`detach` removes them)."""
         asked = {r.rank: r for r in self.prompts.asks()}
@@ -223,7 +245,7 @@ class AttachedJob:
                 self.prompts.answer(asked[rank].n, "c")
         if self.visual is not None:
             self.visual.resume(self.pick(ranks))
-        self._ask({"op": "release"}, None)
+        self._ask(Release(), None)
 
     # looking inside stopped ranks (`inside`): code in their frames, shapes, replicas, overflow
     run = inside.run
@@ -237,9 +259,9 @@ class AttachedJob:
         ranks resumed; the notebook lets go of the job's control plane."""
         if not self.attached:
             return
-        self._ask({"op": "detach"}, None)
+        self._ask(Detach(), None)
         for request in self.prompts.asks():
-            self.prompts.answer(request.n, DETACH)
+            self.prompts.answer(request.n, answer_line(Detach()))
         if self.visual is not None:  # last: ranks in the panel go on, the job may end at once
             self.visual.close()
             self.visual = None
@@ -249,7 +271,11 @@ class AttachedJob:
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def pick(self, ranks: Sequence[int] | None) -> list[int]:
+    def pick(self, ranks: RankArg | None) -> list[int]:
+        try:
+            ranks = rank_arg(ranks)  # "0-3,6" reads as --ranks does
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if ranks is None:
             return list(self.ranks)
         bad = [r for r in ranks if r not in self.ranks]
@@ -258,15 +284,15 @@ class AttachedJob:
         return list(ranks)
 
     def _ask(
-        self, request: dict[str, Any], ranks: Sequence[int] | None, timeout_s: float = 2.0
-    ) -> dict[int, dict[str, Any]]:
+        self, request: AgentRequest, ranks: Sequence[int] | None, timeout_s: float = 2.0
+    ) -> dict[int, Reply]:
         if not self.attached:
             raise SessionError("this job is detached: attach again with distnb.attach(...)")
         replies = self.link.ask(self.ranks if ranks is None else ranks, request, timeout_s)
-        errors = {r: rep["error"] for r, rep in replies.items() if "error" in rep}
+        errors = {r: rep.error for r, rep in replies.items() if rep.error is not None}
         if errors:
             rank, error = min(errors.items())
-            raise ConfigError(f"rank {rank} refused {request['op']}: {error}")
+            raise ConfigError(f"rank {rank} refused {request.kind}: {error}")
         return replies
 
 

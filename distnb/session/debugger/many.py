@@ -6,7 +6,8 @@ stopped rank in SELECTION at once (`distnb.session.debugger.desk`), and shows th
 block per distinct answer, labelled by the ranks that gave it (`[ranks 0-7] tensor(0.5)`).
 SELECTION is `all`, a list of ranks (`0-3,6`), or a slice of the DeviceMesh the ranks' code
 uses (`dp=1`, `dp=1,tp=0:4`: Python's end-exclusive slices, as Monarch's `ranks(dp=1,
-tp=slice(0, 4))`), read from each stopped rank's mesh coordinates (`InputRequest.mesh`).
+tp=slice(0, 4))`), read from each stopped rank's mesh coordinates (`InputRequest.mesh`): the
+grammar of `distnb.ranklist.parse_ranks`, which `--ranks` and Python's `ranks=` read too.
 
 This module is the pure part: parsing, choosing the ranks, grouping the answers.
 """
@@ -15,9 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from distnb.ranklist import format_ranks
+from distnb.ranklist import RankSelection, format_ranks, parse_ranks
 from distnb.records.debug import InputRequest
 
 __all__ = ["USAGE", "Selection", "group_answers", "parse", "select"]
@@ -27,29 +27,9 @@ USAGE = (
     "`ranks dp=1,tp=0:4 c` (`ranks` alone lists where every rank is)"
 )
 _COMMAND = re.compile(r"\s*ranks\s+(\S+)\s+(\S.*?)\s*$")
-_SPAN = re.compile(r"(\d+)(?:-(\d+))?$")
-_DIM = re.compile(r"([A-Za-z_]\w*)=(\d+)(?::(\d+))?$")
 
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Which stopped ranks a command goes to: all of them, these ranks, or a mesh slice
-    (dimension, start, stop: stop exclusive)."""
-
-    everyone: bool = False
-    ranks: tuple[int, ...] = ()
-    mesh: tuple[tuple[str, int, int], ...] = ()
-
-    def __str__(self) -> str:
-        if self.everyone:
-            return "all"
-        if self.ranks:
-            return format_ranks(self.ranks)
-        return ",".join(_dim(d, a, b) for d, a, b in self.mesh)
-
-
-def _dim(name: str, start: int, stop: int) -> str:
-    return f"{name}={start}" if stop == start + 1 else f"{name}={start}:{stop}"
+# A selection is what `distnb.ranklist.parse_ranks` reads: `--ranks` and `ranks=` share it.
+Selection = RankSelection
 
 
 def parse(line: str) -> tuple[Selection, str] | None:
@@ -60,38 +40,10 @@ def parse(line: str) -> tuple[Selection, str] | None:
     if match is None:
         return None
     spec, command = match.groups()
-    if spec in ("all", "*"):
-        return Selection(everyone=True), command
-    if "=" in spec:
-        return Selection(mesh=tuple(_dims(spec))), command
-    return Selection(ranks=tuple(sorted(set(_ranks(spec))))), command
-
-
-def _ranks(spec: str) -> list[int]:
-    ranks: list[int] = []
-    for part in spec.split(","):
-        span = _SPAN.match(part)
-        if span is None:
-            raise ValueError(f"{part!r} is not a rank or a range of ranks; {USAGE}")
-        first, last = int(span.group(1)), int(span.group(2) or span.group(1))
-        if last < first:
-            raise ValueError(f"{part!r}: a range goes up (e.g. 0-3); {USAGE}")
-        ranks += range(first, last + 1)
-    return ranks
-
-
-def _dims(spec: str) -> list[tuple[str, int, int]]:
-    dims = []
-    for part in spec.split(","):
-        dim = _DIM.match(part)
-        if dim is None:
-            raise ValueError(f"{part!r} is not a mesh slice such as dp=1 or tp=0:4; {USAGE}")
-        start = int(dim.group(2))
-        stop = int(dim.group(3)) if dim.group(3) is not None else start + 1
-        if stop <= start:
-            raise ValueError(f"{part!r}: the slice is empty (stop is exclusive); {USAGE}")
-        dims.append((dim.group(1), start, stop))
-    return dims
+    try:
+        return parse_ranks(spec), command
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {USAGE}") from None
 
 
 def select(
