@@ -25,9 +25,10 @@ def register(shell: Any) -> None:
 
     if any(isinstance(m, DistMagics) for m in shell.magics_manager.registry.values()):
         return
-    magics = DistMagics(shell)
+    attach = AttachMagics(shell)
+    magics = DistMagics(shell, attach)
     shell.register_magics(magics)
-    shell.register_magics(AttachMagics(shell))
+    shell.register_magics(attach)
     AutoMode.of(shell)
     route_debugger(shell, lambda: magics.session)
     visual.install(shell)

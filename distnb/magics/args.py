@@ -1,5 +1,6 @@
 """Parsing magics' arguments: whole numbers, seconds, rank lists, sizes; each bad value a
-`UsageError` that says what to type."""
+`UsageError` that says what to type. Rank lists are `distnb.ranklist`'s grammar (`0-3,6`,
+`all`, `ranks 0-2,5`), the one the debugger's `ranks 0-3 CMD` and Python's `ranks=` read."""
 
 from __future__ import annotations
 
@@ -7,19 +8,25 @@ import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
 
 from distnb.errors import ConfigError
+from distnb.ranklist import rank_arg
 from distnb.session.data import parse_size
 
-__all__ = ["parse", "parse_command_line", "rank_list", "seconds", "size", "whole"]
+__all__ = ["numbers", "parse", "rank_list", "seconds", "size", "whole"]
 
 
 def parse(magic: Any, line: str) -> Any:
+    """`line` split as a shell splits it (`--if "i == 40"` is `i == 40`, without its quotes:
+    IPython's own `parse_argstring` keeps them), then read by the magic's argument parser."""
+    name = magic.__name__
     try:
-        return parse_argstring(magic, line)
+        argv = shlex.split(line)
+    except ValueError as exc:  # "No closing quotation"
+        raise UsageError(f"%{name} {line}: {exc}; close the quote, or escape it") from None
+    try:
+        return magic.parser.parse_args(argv)
     except UsageError as exc:
-        name = magic.__name__
         raise UsageError(f"{exc}\nUsage: %{name} {_usage(magic)} (see %{name}?)") from None
 
 
@@ -49,26 +56,25 @@ def seconds(text: str | None, flag: str = "--timeout") -> float | None:
     return value
 
 
-def rank_list(text: str) -> list[int]:
+def rank_list(text: str | None) -> list[int] | None:
+    """`--ranks 0-3,6` (or `0,2`, `"ranks 0-2,5"`): the ranks; None for every rank (`all`, or
+    no `--ranks`)."""
+    if text is None:
+        return None
+    try:
+        return rank_arg(text)
+    except ValueError as exc:
+        raise UsageError(f"--ranks: {exc}") from None
+
+
+def numbers(text: str, flag: str) -> list[int]:
+    """`1,3` or `1 3`: whole numbers, as `--trace-batches` takes them."""
     try:
         return [int(part) for part in shlex.split(text.replace(",", " "))]
     except ValueError:
         raise UsageError(
-            f"--ranks takes comma-separated ranks, got {text!r}; e.g. --ranks 0,1"
+            f"{flag} takes comma-separated whole numbers, got {text!r}; e.g. {flag} 1,3"
         ) from None
-
-
-def parse_command_line(magic: Any, line: str) -> Any:
-    """`parse`, split as a shell splits (a script's `'two words'` arrives as `two words`)."""
-    try:
-        words = shlex.split(line)
-    except ValueError as exc:
-        raise UsageError(f"{exc} in {line!r}: close the quote") from None
-    try:
-        return magic.parser.parse_args(words)
-    except UsageError as exc:
-        name = magic.__name__
-        raise UsageError(f"{exc}\nUsage: %{name} {_usage(magic)} (see %{name}?)") from None
 
 
 def size(text: str | None) -> int | None:

@@ -1,9 +1,13 @@
-"""distnb's magics: argument parsing and display only; each calls one `Session` method."""
+"""distnb's magics: argument parsing and display only; each calls one `Session` method.
+
+The tools that look into ranks (`%dist_status`, `%dist_shapes`, `%dist_diff`, `%dist_overflow`,
+`%dist_timeline`) act on the current target (`DistMagics.target`): the job `%dist_attach`
+attached while one is, else the session's ranks."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -11,8 +15,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from distnb.errors import ConfigError, SessionError
 from distnb.magics.args import (
+    numbers,
     parse,
-    parse_command_line,
     rank_list,
     seconds,
     size,
@@ -25,15 +29,21 @@ from distnb.session.status import NO_CLUSTER
 from distnb.views.display import show, shown
 from distnb.views.status import Status
 
+if TYPE_CHECKING:
+    from distnb.magics.attach import AttachMagics
+    from distnb.session.target import Target
+
 
 @magics_class
 class DistMagics(Magics):
     """`%dist_start`, `%%allranks`, `%dist_status`, `%dist_restart`, `%dist_stop`."""
 
-    def __init__(self, shell: Any) -> None:
+    def __init__(self, shell: Any, attach: AttachMagics | None = None) -> None:
         super().__init__(shell)
         self.session: Session | None = None
         self.pdb = False  # %dist_pdb: kept here so that it holds for sessions started later
+        self.attach = attach  # holds the attached job, if any
+        self._told: object = None  # the job the user was told the tools act on
 
     @magic_arguments()
     @argument("-n", type=str, default=None, help="number of ranks (default: one per GPU, else 2)")
@@ -73,7 +83,11 @@ class DistMagics(Magics):
 
     @line_magic
     def dist_status(self, line: str) -> Any:
-        """Show each rank: host, pid, device, backend."""
+        """Show each rank: host, pid, device, backend (an attached job's: state, collective,
+        step, the verdicts and the live stacks)."""
+        job = self._job()
+        if job is not None:
+            return self.target().status()
         if self.session is None:
             return Status((), NO_CLUSTER)
         return self.session.status()
@@ -124,17 +138,17 @@ class DistMagics(Magics):
         return session.status()
 
     @magic_arguments()
-    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6 (or 0,2, all)")
     @argument("--timeout", type=str, default=None, help="seconds before a hang report")
     @argument("--unchecked", action="store_true", help="run without collective checks")
     @argument("--shapes", action="store_true", help="then show the shapes of what it assigned")
     @argument("--timeline", action="store_true", help="then show the cell's collective timeline")
     @cell_magic
     def allranks(self, line: str, cell: str) -> None:
-        """Run the cell on every rank: `%%allranks [--ranks 0,1] [--timeout 30]`."""
+        """Run the cell on every rank: `%%allranks [--ranks 0-1] [--timeout 30]`."""
         args = parse(self.allranks, line)
         session = self._running()
-        ranks = rank_list(args.ranks) if args.ranks is not None else None
+        ranks = rank_list(args.ranks)
         shown(
             lambda: session.run(
                 # Line 1 of the notebook cell is the magic: keep line numbers the same on ranks.
@@ -159,33 +173,43 @@ class DistMagics(Magics):
     @argument("--raise", dest="raise_", action="store_true", help="--watch: raise when they differ")
     @argument("--report", action="store_true", help="the first step the watched replicas differed")
     @argument("--stop", action="store_true", help="remove the watch")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6")
     @line_magic
     def dist_diff(self, line: str) -> None:
         """Do replicas agree? `%dist_diff model opt [--grads] [--buffers] [--atol X]`: each
         tensor compared, bit for bit, across the ranks that should hold it identically.
         `%dist_diff model --watch [--every N] [--optim opt] [--raise]`, `--report`, `--stop`."""
         args = parse(self.dist_diff, line)
-        session, name = self._running(), args.names[0]
+        target, name, ranks = self.target(), args.names[0], rank_list(args.ranks)
         options = {"grads": args.grads, "buffers": args.buffers, "atol": args.atol}
         try:
+            if target is not self.session:
+                self._on_ranks_only(args, "watch", "report", "stop")
+                return show(target.diff(*args.names, expect=args.expect, ranks=ranks, **options))
+            session = self._running()
             if args.watch:
                 return session.diff_watch(name, args.every, args.optim, raise_=args.raise_)
             if args.stop:
                 return session.diff_stop(name)
             view = session.diff_report(name) if args.report else None
-            show(view or session.diff(*args.names, expect=args.expect, **options))
-        except ConfigError as exc:
+            show(view or session.diff(*args.names, expect=args.expect, ranks=ranks, **options))
+        except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
 
     @magic_arguments()
     @argument("names", nargs="*", help="names (or dotted paths) to show; default: every tensor")
     @argument("--all", action="store_true", help="include _private and IPython's own names")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6")
     @line_magic
     def dist_shapes(self, line: str) -> None:
-        """Per-rank shape table: `%dist_shapes [NAME ...] [--all]`; differences come first."""
+        """Per-rank shape table: `%dist_shapes [NAME ...] [--all] [--ranks 0-3]`; differences
+        come first."""
         args = parse(self.dist_shapes, line)
-        session = self._running()
-        show(session.shapes(args.names or None, all=args.all))
+        target = self.target()
+        try:
+            show(target.shapes(args.names or None, all=args.all, ranks=rank_list(args.ranks)))
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
 
     @magic_arguments()
     @argument("--cells", type=str, default=None, help="only the last N cells")
@@ -195,7 +219,12 @@ class DistMagics(Magics):
         """Collectives per rank over time: `%dist_timeline [--cells N] [--export PATH.json]`."""
         args = parse(self.dist_timeline, line)
         cells = whole(args.cells, "--cells") if args.cells is not None else None
-        view = self._running().timeline(cells)
+        target = self.target()
+        if target is not self.session:
+            self._on_ranks_only(args, "cells")
+            view = self._job().timeline()
+        else:
+            view = self._running().timeline(cells)
         if args.export:
             view.export_chrome_trace(args.export)
             print(f"distnb: wrote {args.export} (open it in https://ui.perfetto.dev)")
@@ -210,14 +239,15 @@ class DistMagics(Magics):
     @argument("--stats", default="fast", help="fast (default), auto (+ counts) or full")
     @argument("--detach", action="store_true", help="remove the trace from NAME")
     @argument("--report", action="store_true", help="show every trace's report")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6")
     @line_magic
     def dist_overflow(self, line: str) -> None:
         """Trace inf/NaN and fp16/bf16 headroom per module, forward and backward, per rank."""
         args = parse(self.dist_overflow, line)
-        session = self._running()
+        target, ranks = self.target(), rank_list(args.ranks)
         try:
             if args.report:
-                views = session.overflow_report()
+                views = target.overflow_report(ranks)
                 if not views:
                     print("distnb: no overflow trace; start one with %dist_overflow NAME")
                 for view in views.values():
@@ -225,12 +255,15 @@ class DistMagics(Magics):
             elif args.name is None:
                 raise UsageError("name the module to trace: %dist_overflow model")
             elif args.detach:
-                session.overflow_detach(args.name)
+                if target is not self.session:
+                    self._on_ranks_only(args, "detach")
+                self._running().overflow_detach(args.name)
             else:
-                session.overflow(
+                target.overflow(
                     args.name,
+                    ranks,
                     frames=whole(args.frames, "--frames"),
-                    trace_batches=rank_list(args.trace_batches) if args.trace_batches else (),
+                    trace_batches=numbers(args.trace_batches, "--trace-batches"),
                     abort_after=whole(args.abort_after, "--abort-after")
                     if args.abort_after is not None
                     else None,
@@ -252,7 +285,7 @@ class DistMagics(Magics):
         A script written for `torchrun --nproc-per-node N` runs unchanged; options of
         %dist_run come before the script, everything after it is the script's.
         """
-        args = parse_command_line(self.dist_run, line)
+        args = parse(self.dist_run, line)
         session = self._running()
         shown(
             lambda: session.run_script(
@@ -262,12 +295,12 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("state", nargs="?", choices=["on", "off"], help="on or off (default: switch)")
-    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6 (or 0,2, all)")
     @argument("--timeout", type=str, default=None, help="seconds before a hang report")
     @argument("--unchecked", action="store_true", help="run without collective checks")
     @line_magic
     def dist_auto(self, line: str) -> None:
-        """Auto mode: `%dist_auto on [--ranks 0,1] [--timeout S] [--unchecked]` runs every
+        """Auto mode: `%dist_auto on [--ranks 0-1] [--timeout S] [--unchecked]` runs every
         following cell on the ranks, as with %%allranks, until `%dist_auto off`; a cell that
         starts with %%local runs in the kernel meanwhile (`%%dist_auto`, which auto mode writes
         in front of each cell, is the mode's own: `distnb.session.automode`)."""
@@ -278,7 +311,7 @@ class DistMagics(Magics):
             if on:
                 self._running().auto(
                     True,
-                    ranks=rank_list(args.ranks) if args.ranks is not None else None,
+                    ranks=rank_list(args.ranks),
                     timeout=seconds(args.timeout),
                     check=not args.unchecked,
                 )
@@ -296,18 +329,18 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("names", nargs="+", help="names (or dotted paths) on the ranks")
-    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6 (or 0,2, all)")
     @argument("--limit", type=str, default=None, help="most bytes per rank, e.g. 1GiB")
     @argument("--as", dest="as_name", default=None, help="the kernel's name for one value")
     @line_magic
     def dist_pull(self, line: str) -> None:
         """Each rank's value of NAME into the kernel's NAME, a list in rank order (tensors on
-        the CPU): `%dist_pull losses [--ranks 0,1] [--limit 1GiB] [--as per_rank]`."""
+        the CPU): `%dist_pull losses [--ranks 0-1] [--limit 1GiB] [--as per_rank]`."""
         args = parse(self.dist_pull, line)
         session = self._running()
         if args.as_name is not None and len(args.names) != 1:
             raise UsageError("--as names one value: %dist_pull losses --as per_rank")
-        ranks = rank_list(args.ranks) if args.ranks is not None else None
+        ranks = rank_list(args.ranks)
         for name in args.names:
             try:
                 values = session.pull(name, ranks=ranks, limit=size(args.limit))
@@ -319,12 +352,12 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("names", nargs="+", help="the kernel's names to bind on the ranks")
-    @argument("--ranks", type=str, default=None, help="comma-separated ranks, e.g. 0,2")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6 (or 0,2, all)")
     @argument("--limit", type=str, default=None, help="most bytes per value, e.g. 1GiB")
     @line_magic
     def dist_push(self, line: str) -> None:
         """Bind the kernel's values to the same names on every rank:
-        `%dist_push lr targets [--ranks 0,1] [--limit 1GiB]`."""
+        `%dist_push lr targets [--ranks 0-1] [--limit 1GiB]`."""
         args = parse(self.dist_push, line)
         session = self._running()
         ns = self._user_ns()
@@ -332,7 +365,7 @@ class DistMagics(Magics):
         if missing:
             raise UsageError(f"the kernel has no {', '.join(missing)}: assign it here first")
         values = {n: ns[n] for n in args.names}
-        ranks = rank_list(args.ranks) if args.ranks is not None else None
+        ranks = rank_list(args.ranks)
         try:
             session.push(ranks=ranks, limit=size(args.limit), **values)
         except ConfigError as exc:
@@ -345,3 +378,29 @@ class DistMagics(Magics):
         if self.session is None or not self.session.running:
             raise UsageError("no distnb cluster is running: start one with %dist_start -n 2")
         return self.session
+
+    def _job(self) -> Any:
+        return None if self.attach is None else self.attach.job
+
+    def target(self) -> Target:
+        """What the tools act on: the attached job while one is attached (said once when a
+        session runs beside it), else the running session."""
+        job = self._job()
+        if job is None:
+            return self._running()
+        if self.session is not None and self.session.running and self._told is not job:
+            self._told = job
+            print(
+                f"distnb: on the attached job {job.link.endpoint.run}; %dist_attach --detach "
+                "returns these tools to the session's ranks"
+            )
+        return cast("Target", job)
+
+    def _on_ranks_only(self, args: Any, *flags: str) -> None:
+        """A UsageError for options that only distnb's own ranks have."""
+        given = [f for f in flags if getattr(args, f, None) not in (None, False, "")]
+        if given:
+            raise UsageError(
+                f"--{given[0]} works on distnb's own ranks, not on an attached job's stopped "
+                "ranks; %dist_attach --detach first, or leave it out"
+            )

@@ -4,11 +4,13 @@ that the session module holds its lifecycle and cells only."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError
 
 if TYPE_CHECKING:
+    from distnb.ranklist import RankArg
     from distnb.session.surface import SessionSurface
     from distnb.views.overflow import OverflowView
     from distnb.views.shapes import ShapeTableView
@@ -19,7 +21,10 @@ __all__ = ["overflow", "overflow_detach", "overflow_report", "shapes", "timeline
 
 
 def shapes(
-    session: SessionSurface, names: list[str] | None = None, all: bool = False
+    session: SessionSurface,
+    names: Sequence[str] | None = None,
+    all: bool = False,
+    ranks: RankArg | None = None,
 ) -> ShapeTableView:
     """A table of each rank's tensors and modules (metadata only), differences first.
 
@@ -28,10 +33,13 @@ def shapes(
     from distnb.rank import runtime
     from distnb.views.shapes import ShapeTableView
 
-    return ShapeTableView.from_scans(session.call(runtime.scan, names, all))
+    scans = session.call(runtime.scan, list(names) if names else None, all, ranks=ranks)
+    return ShapeTableView.from_scans(scans)
 
 
-def overflow(session: SessionSurface, name: str, **options: Any) -> None:
+def overflow(
+    session: SessionSurface, name: str, ranks: RankArg | None = None, **options: Any
+) -> None:
     """Trace overflow on every rank's module `name`: `distnb.overflow.watch`'s options.
 
     The options are checked here, before any rank is asked (`ConfigError`).
@@ -45,7 +53,7 @@ def overflow(session: SessionSurface, name: str, **options: Any) -> None:
         record = WatchOptions.of(**options)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    session.call(runtime.overflow_watch, name, record.to_dict())
+    session.call(runtime.overflow_watch, name, record.to_dict(), ranks=ranks)
 
 
 def overflow_detach(session: SessionSurface, name: str) -> None:
@@ -56,12 +64,14 @@ def overflow_detach(session: SessionSurface, name: str) -> None:
         raise ConfigError(f"no overflow trace named {name!r}; start one with %dist_overflow")
 
 
-def overflow_report(session: SessionSurface) -> dict[str, OverflowView]:
+def overflow_report(
+    session: SessionSurface, ranks: RankArg | None = None
+) -> dict[str, OverflowView]:
     """Each traced module's frames per rank, and which rank went non-finite first."""
     from distnb.rank import runtime
     from distnb.views.overflow import OverflowView
 
-    per_rank = session.call(runtime.overflow_reports)
+    per_rank = session.call(runtime.overflow_reports, ranks=ranks)
     names = sorted({name for reports in per_rank for name in reports})
     return {n: OverflowView([r[n] for r in per_rank if n in r]) for n in names}
 

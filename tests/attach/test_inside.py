@@ -1,7 +1,7 @@
 """Looking inside the stopped ranks of a real 4-rank torchrun job as inside distnb's own: the
-shape table, replicas compared, the overflow tracer, through the Python API and through
-`%dist_attach` on a real IPython shell; and ranks that wait in a circle across groups named as
-such."""
+shape table, replicas compared, the overflow tracer, through the Python API and through the
+session's magics (acting on the attached job) on a real IPython shell; and ranks that wait in a
+circle across groups named as such."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from distnb.magics import AttachMagics
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob
-from tests.attach.jobs import GRADS, TRAIN, job, line_of
+from tests.attach.jobs import GRADS, TRAIN, job, judged, line_of
 from tests.attach.test_attach import attached, settled
 
 pytestmark = pytest.mark.gloo
@@ -29,7 +29,11 @@ def test_shapes_and_replicas_of_four_stopped_ranks(
     ready = tmp_path / "READY"
     with job(tmp_path, "drift", n=4, STEPS="6", SKIP_AT="2", READY=str(ready)) as jb:
         j = attached(jb.folder)
-        j.breakpoint(f"{TRAIN.name}:{GRADS}", cond="step == 3")
+        ip = magics_on(j)  # the condition quoted as the README writes it: stops at step 3 only
+        ip.run_line_magic("dist_attach", f'--break {TRAIN.name}:{GRADS} --if "step == 3"')
+        assert f"a breakpoint at {TRAIN.name}:{GRADS} if step == 3 on ranks 0-3" in (
+            capsys.readouterr().out
+        )
         ready.touch()
         settled(j, ALL)
         table = repr(j.shapes(["x", "flat"]))
@@ -44,12 +48,19 @@ def test_shapes_and_replicas_of_four_stopped_ranks(
         assert j.diff("x", "flat", expect="differ").agree  # each rank's own batch and gradients
         with pytest.raises(Exception, match=r"rank 0, 1, 2, 3: NameError: .*no 'nothere'"):
             j.diff("nothere")
-        ip = magics_on(j)
-        assert repr(ip.run_line_magic("dist_attach", "--shapes x flat")) == table
-        shown = ip.run_line_magic("dist_attach", "--diff model --ranks 0,2,3")
-        assert shown.agree and shown.report.ranks == (0, 2, 3)
+        # the session's magics act on the attached job: no second set of options
+        capsys.readouterr()
+        ip.run_line_magic("dist_shapes", "x flat")
+        assert table in capsys.readouterr().out
+        ip.run_line_magic("dist_diff", "model --ranks 0,2-3")
+        shown = capsys.readouterr().out
+        assert "agree" in shown and "ranks 0,2-3" in shown, shown
         with pytest.raises(UsageError, match=r"rank 0, 1, 2, 3: NameError: .*no 'nothere'"):
-            ip.run_line_magic("dist_attach", "--diff nothere")
+            ip.run_line_magic("dist_diff", "nothere")
+        with pytest.raises(UsageError, match=r"--watch works on distnb's own ranks"):
+            ip.run_line_magic("dist_diff", "model --watch")
+        with pytest.raises(UsageError, match=r"%dist_attach --shapes is %dist_shapes"):
+            ip.run_line_magic("dist_attach", "--shapes x")
         capsys.readouterr()
         ip.run_cell_magic("attached", "--ranks 1,3", "print('at step', step)")
         assert capsys.readouterr().out == "[rank 1] at step 3\n[rank 3] at step 3\n"
@@ -96,9 +107,8 @@ def test_ranks_waiting_in_a_circle_across_groups(tmp_path: Path) -> None:
         while not in_circle(snaps := j.snapshots()):
             assert time.monotonic() < deadline, [(s.rank, s.state, s.current) for s in snaps]
             time.sleep(0.2)
-        verdicts = j.verdicts(snaps)
+        verdicts = judged(j, lambda v: any(x.startswith("deadlock: 4 ranks wait") for x in v))
         circle_said = [v for v in verdicts if v.startswith("deadlock: 4 ranks wait")]
-        assert circle_said, verdicts
         for r in range(4):
             assert f"rank {r} waits in all_reduce #0 on" in circle_said[0]
             assert f"for rank {(r + 1) % 4}" in circle_said[0]

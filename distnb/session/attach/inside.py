@@ -3,8 +3,8 @@ frames they are stopped in (`run`, `%%attached`), the shape table (`shapes`), re
 compared (`diff`), the overflow tracer (`overflow`, `overflow_report`). Functions of an
 `AttachedJob`, bound to it as methods, kept here so that `job` holds attaching and driving.
 
-Each one answers the open debugger prompt of every stopped rank asked at once (the agent's own
-answers, `distnb.rank.agent.stopped`: `RUN` + code, `CALL` + a request) and waits for its next
+Each one answers the open debugger prompt of every stopped rank asked at once (the notebook's
+own answers, `distnb.records.agent`: `Run` code, `Call` a `FrameQuery`) and waits for its next
 prompt: the rank runs the request on its main thread, where the job's objects are not being
 changed under it, and stays stopped. Records come back through the job's store
 (`keys.agent_result`, under the number of the prompt answered) and are judged and shown by the
@@ -13,16 +13,27 @@ functions and views distnb uses for its own ranks.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distnb import keys
 from distnb.errors import ConfigError, SessionError
+from distnb.records.agent import (
+    Call,
+    Digests,
+    FrameQuery,
+    Run,
+    Shapes,
+    Watch,
+    WatchReport,
+    answer_line,
+    loads_reply,
+)
 from distnb.records.debug import InputRequest
 
 if TYPE_CHECKING:
+    from distnb.ranklist import RankArg
     from distnb.session.attach.surface import JobSurface
     from distnb.views.overflow import OverflowView
     from distnb.views.replicas import ReplicaView
@@ -30,12 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["call", "diff", "overflow", "overflow_report", "run", "shapes", "stopped"]
 
-RUN = "\0run "  # the agent's own answers (distnb.rank.agent.stopped)
-CALL = "\0call "
-
 
 def stopped(
-    job: JobSurface, ranks: Sequence[int] | None, wait_s: float = 30.0
+    job: JobSurface, ranks: RankArg | None, wait_s: float = 30.0
 ) -> dict[int, InputRequest]:
     """The open prompt of each rank asked (default: every stopped rank); SessionError if one
     of them is not stopped."""
@@ -52,9 +60,11 @@ def stopped(
 
 
 def answer_all(
-    job: JobSurface, asked: dict[int, InputRequest], line: Callable[[InputRequest], str],
+    job: JobSurface,
+    asked: dict[int, InputRequest],
+    line: Callable[[InputRequest], str],
     timeout_s: float = 30.0,
-) -> dict[int, str]:  # fmt: skip
+) -> dict[int, str]:
     """Answer each prompt with `line(prompt)` and wait for each rank's next prompt; what each
     rank printed meanwhile (what it printed before is shown first, with `[rank N]`)."""
     prompts, deadline = job.prompts, time.monotonic() + timeout_s
@@ -77,51 +87,61 @@ def answer_all(
 
 
 def run(
-    job: JobSurface, code: str, ranks: Sequence[int] | None = None, timeout_s: float = 30.0
+    job: JobSurface, code: str, ranks: RankArg | None = None, timeout_s: float = 30.0
 ) -> dict[int, str]:
     """Run `code` in the frame each stopped rank is stopped in; its output, by rank (printed
     with `[rank N]` too). The last expression's value is shown, as in a cell."""
-    out = answer_all(job, stopped(job, ranks, timeout_s), lambda _: RUN + code, timeout_s)
+    line = answer_line(Run(code))
+    out = answer_all(job, stopped(job, ranks, timeout_s), lambda _: line, timeout_s)
     show(out)
     return out
 
 
 def call(
-    job: JobSurface, request: dict[str, Any], ranks: Sequence[int] | None = None,
+    job: JobSurface,
+    query: FrameQuery,
+    ranks: RankArg | None = None,
     timeout_s: float = 60.0,
-) -> dict[int, Any]:  # fmt: skip
-    """Each stopped rank's answer to `request` over its frame (`distnb.rank.agent.frames`)."""
+) -> dict[int, Any]:
+    """Each stopped rank's answer to `query` over its frame (`distnb.rank.agent.frames`)."""
     asked = stopped(job, ranks, timeout_s)
-    answer_all(job, asked, lambda q: CALL + json.dumps({**request, "reply": q.n}), timeout_s)
+    answer_all(job, asked, lambda q: answer_line(Call(query, q.n)), timeout_s)
     store, replies = job.link.store, {}
-    for rank, request_ in asked.items():
-        key = keys.agent_result(rank, request_.n)
-        replies[rank] = json.loads(store.get(key))
+    for rank, request in asked.items():
+        key = keys.agent_result(rank, request.n)
+        replies[rank] = loads_reply(store.get(key))
         store.delete_key(key)
-    errors = {r: reply["error"] for r, reply in replies.items() if "error" in reply}
+    errors = {r: reply.error for r, reply in replies.items() if reply.error is not None}
     if errors:
         ranks_ = ", ".join(map(str, sorted(errors)))
         raise ConfigError(f"rank {ranks_}: {next(iter(errors.values()))}")
-    return {r: reply["ok"] for r, reply in replies.items()}
+    return {r: reply.value for r, reply in replies.items()}
 
 
 def shapes(
-    job: JobSurface, names: Sequence[str] | None = None, all: bool = False,
-    ranks: Sequence[int] | None = None,
-) -> ShapeTableView:  # fmt: skip
+    job: JobSurface,
+    names: Sequence[str] | None = None,
+    all: bool = False,
+    ranks: RankArg | None = None,
+) -> ShapeTableView:
     """The shape table of the stopped ranks' frames (what `%dist_shapes` shows), differences
     first: their tensors and modules, metadata only."""
     from distnb.records.shapes import ShapeScan
     from distnb.views.shapes import ShapeTableView
 
-    found = call(job, {"fn": "shapes", "names": list(names or []), "all": all}, ranks)
+    found = call(job, Shapes(tuple(names or ()), include_all=all), ranks)
     return ShapeTableView.from_scans([ShapeScan.from_dict(found[r]) for r in sorted(found)])
 
 
 def diff(
-    job: JobSurface, *names: str, grads: bool = False, buffers: bool = False,
-    expect: str = "same", ranks: Sequence[int] | None = None,
-) -> ReplicaView:  # fmt: skip
+    job: JobSurface,
+    *names: str,
+    grads: bool = False,
+    buffers: bool = False,
+    atol: float = 0.0,
+    expect: str = "same",
+    ranks: RankArg | None = None,
+) -> ReplicaView:
     """Do the stopped ranks' replicas agree (what `%dist_diff` shows)? The modules, tensors
     and optimizers `names` the frames see, digested on each rank and compared bit for bit;
     the differences are named, not sized (sizing moves tensors: `run` code for that)."""
@@ -130,23 +150,31 @@ def diff(
 
     if not names:
         raise ConfigError("name what to compare, e.g. job.diff('model', 'opt')")
+    if atol:
+        raise ConfigError(
+            "an attached job's replicas are compared bit for bit (a tolerance needs the "
+            "differences sized, which moves tensors): drop --atol, or size them with %%attached"
+        )
     if bad := bad_options(0.0, expect):
         raise ConfigError(bad)
-    request = {"fn": "digests", "names": list(names), "grads": grads, "buffers": buffers}
-    found = call(job, request, ranks)
+    found = call(job, Digests(names, grads, buffers), ranks)
     digests = [Digest.from_dict(d) for r in sorted(found) for d in found[r]]
     members = sorted(found)
     differences, missing, compared, alone = compare(digests, members, expect)
     report = ReplicaReport(
-        tuple(names), tuple(members), compared, sum(d.nbytes for d in digests),
-        tuple(differences), tuple(missing), alone, expect,
-    )  # fmt: skip
+        tuple(names),
+        tuple(members),
+        compared,
+        sum(d.nbytes for d in digests),
+        tuple(differences),
+        tuple(missing),
+        alone,
+        expect,
+    )
     return ReplicaView(report)
 
 
-def overflow(
-    job: JobSurface, name: str, ranks: Sequence[int] | None = None, **options: Any
-) -> None:
+def overflow(job: JobSurface, name: str, ranks: RankArg | None = None, **options: Any) -> None:
     """Trace overflow on the module the stopped frames call `name` from now on (the options
     of `distnb.overflow.watch`); it sees the ranks' next steps once they go on. `detach`
     removes it."""
@@ -156,15 +184,15 @@ def overflow(
         record = WatchOptions.of(**options)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    call(job, {"fn": "overflow", "name": name, "options": record.to_dict()}, ranks)
+    call(job, Watch(name, record), ranks)
 
 
-def overflow_report(job: JobSurface, ranks: Sequence[int] | None = None) -> dict[str, OverflowView]:
+def overflow_report(job: JobSurface, ranks: RankArg | None = None) -> dict[str, OverflowView]:
     """Each traced module's frames per stopped rank, and which rank went non-finite first."""
     from distnb.records.overflow import RankOverflowReport
     from distnb.views.overflow import OverflowView
 
-    found = call(job, {"fn": "overflow_report"}, ranks)
+    found = call(job, WatchReport(), ranks)
     names = sorted({n for reports in found.values() for n in reports})
     return {
         n: OverflowView([RankOverflowReport.from_dict(r[n]) for r in found.values() if n in r])

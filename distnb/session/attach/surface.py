@@ -7,10 +7,10 @@ not on the module that makes one, and `job` and `inside` do not import each othe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from distnb.ranklist import RankArg
     from distnb.session.attach.link import Link
     from distnb.session.attach.prompts import JobPrompts
 
@@ -25,4 +25,4 @@ class JobSurface(Protocol):
     prompts: JobPrompts
 
     def open_prompts(self, wait_s: float) -> list[Any]: ...
-    def pick(self, ranks: Sequence[int] | None) -> list[int]: ...
+    def pick(self, ranks: RankArg | None) -> list[int]: ...
