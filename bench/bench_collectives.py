@@ -196,11 +196,12 @@ class _Rig:
         uninstalled for the turn, installed again after it, on every rank alike, as `cpu_cost`
         does for its "bare" case), or installed with its checks off (every other mode)."""
         from distnb.rank import checked
+        from distnb.rank.checked import installation
 
         if mode == "checked":
             yield
         elif mode == "unloaded":
-            checker = checked._checker
+            checker = installation._checker
             assert checker is not None
             store, session = checker.store, checker.session_id
             checked.uninstall()
@@ -215,11 +216,10 @@ class _Rig:
     def _after_barrier(self, call: Callable[[], Any]) -> Callable[[], Any]:
         """`call` after an exchange of a fixed payload through a board like the checker's: the
         round trip any check made before data moves must pay, without the check itself."""
-        from distnb.rank import checked
-        from distnb.rank.checked import exchange
+        from distnb.rank.checked import exchange, installation
 
         if self._board is None:
-            checker = checked._checker
+            checker = installation._checker
             assert checker is not None
             path = exchange.shm_path(checker.session_id, f"bench-barrier-{self.world}")
             self._board = exchange.ShmBoard(path, self.world, 2, 64)
@@ -283,9 +283,10 @@ class _Rig:
         import torch.distributed as dist
 
         from distnb.rank import checked
+        from distnb.rank.checked import installation
         from distnb.rank.signed import SignedStore
 
-        checker = checked._checker
+        checker = installation._checker
         assert checker is not None
         store, session = checker.store, checker.session_id
         hosts = [f"host{r}" for r in range(self.world)]
@@ -333,9 +334,10 @@ class _Rig:
         import torch.distributed as dist
 
         from distnb.rank import checked
+        from distnb.rank.checked import installation
         from distnb.rank.checked.recorder import Recorder
 
-        checker = checked._checker
+        checker = installation._checker
         assert checker is not None
         store, session = checker.store, checker.session_id
         groups = [dist.new_group([r]) for r in range(self.world)]

@@ -213,7 +213,7 @@ def bench_digest(rounds: int, size: int, device: str, threads: int) -> None:
 
     import torch
 
-    from distnb.rank.replicas import _bits
+    from distnb.rank.replicas.digest import _bits
 
     def sync() -> None:
         if device.startswith("cuda"):

@@ -61,8 +61,8 @@ ROWS = {
     "lib_plain": "%dist_run, Accelerate's test_cli.py, reset off",
 }
 # The private switch: the ranks' remembered state, put aside (reset off) or back (reset on).
-RESET_OFF = "import distnb.rank.fresh as _f\n_f._bench_kept = _f._joined\n_f._joined = None"
-RESET_ON = "import distnb.rank.fresh as _f\n_f._joined = _f._bench_kept"
+RESET_OFF = "import distnb.rank.fresh.reset as _f\n_f._bench_kept = _f._joined\n_f._joined = None"
+RESET_ON = "import distnb.rank.fresh.reset as _f\n_f._joined = _f._bench_kept"
 RSS = "import psutil\nprint(psutil.Process().memory_info().rss / 2**20)"
 TIME_RESET = """\
 import time, statistics, distnb.rank.fresh as _f

@@ -59,7 +59,7 @@ def test_ranks_on_two_hosts_reduce_together_and_check_through_the_store(
     two_hosts: Session,
 ) -> None:
     result = two_hosts.run(
-        "import socket\nfrom distnb.rank.checked import _checker\n"
+        "import socket\nfrom distnb.rank.checked.installation import _checker\n"
         "x = torch.full((3,), rank + 1.0)\ndist.all_reduce(x)\n"
         "board = _checker.groups[dist.group.WORLD.group_name].board\n"
         "(socket.gethostname(), type(board).__name__, x.tolist())"

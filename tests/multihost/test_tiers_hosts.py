@@ -33,7 +33,7 @@ def two_by_two(lan: Lan) -> Iterator[Session]:
 
 def test_two_hosts_of_two_agree_through_their_leaders(two_by_two: Session) -> None:
     result = two_by_two.run(
-        "import socket\nfrom distnb.rank.checked import _checker\n"
+        "import socket\nfrom distnb.rank.checked.installation import _checker\n"
         "x = torch.full((2,), rank + 1.0)\nfor _ in range(10):\n    dist.all_reduce(x)\n"
         "tiers = _checker.groups[dist.group.WORLD.group_name].tiers\n"
         "(socket.gethostname(), tiers.hosts, tiers.leader)"

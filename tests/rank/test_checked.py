@@ -22,6 +22,7 @@ from gloo_harness import Outcome, Ranks
 
 from distnb import keys
 from distnb.rank import checked
+from distnb.rank.checked import installation
 from distnb.records.beacon import Beacon, BeaconState
 from tests.conftest import NAMED_S
 
@@ -543,8 +544,8 @@ def _checking_kernel(op: str) -> str:
 def s_uninstall_restores(rank: int) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
-    assert checked._checker is not None
-    store = checked._checker.store
+    assert installation._checker is not None
+    store = installation._checker.store
     ops = ("c10d::allreduce_", "_c10d_functional::all_gather_into_tensor")
     before = [_checking_kernel(op) for op in ops]
     wrapped = dist.all_gather_object
@@ -571,7 +572,7 @@ def s_store_path(rank: int) -> dict[str, Any]:
     """Ranks on different hosts (as `hosts` says) exchange fingerprints through the store."""
     from distnb.rank.checked import exchange
 
-    checker = checked._checker
+    checker = installation._checker
     assert checker is not None
     store, session = checker.store, checker.session_id
     checked.uninstall()
@@ -579,7 +580,7 @@ def s_store_path(rank: int) -> dict[str, Any]:
     try:
         x = torch.full((3,), float(rank + 1))
         dist.all_reduce(x)
-        group = checked._checker.groups[dist.group.WORLD.group_name]
+        group = installation._checker.groups[dist.group.WORLD.group_name]
         assert group is not None
         board = group.board
         got = torch.zeros(2)

@@ -24,8 +24,8 @@ from torch.distributed import _functional_collectives as funcol
 sys.path.insert(0, os.path.dirname(__file__))
 from gloo_harness import Ranks
 
-from distnb.rank import checked, doctor
-from distnb.rank.checked import methods
+from distnb.rank import doctor
+from distnb.rank.checked import installation, methods
 from distnb.rank.checked.calls import Call, group_name, spec
 from distnb.rank.checked.intercept import KEY, Context, Interceptor, resolve
 from distnb.rank.checked.ops import OPS, UNREAD, Describe
@@ -111,7 +111,7 @@ def ranks() -> Iterator[Ranks]:
 def s_mismatch_with_a_newer_table(rank: int) -> dict[str, Any]:
     """The runtime re-registered from `TABLE`: a functional all_reduce (the namespace of the
     missing names) and a `torch.distributed` one still meet the check."""
-    interceptor = checked._interceptor  # the installed runtime's, with its checker
+    interceptor = installation._interceptor  # the installed runtime's, with its checker
     check, p2p = interceptor.check, interceptor.p2p
     assert check is not None and p2p is not None
     interceptor.uninstall()

@@ -14,8 +14,8 @@ import itertools
 import pytest
 import torch
 
-import distnb.rank.replicas as replicas
-from distnb.rank.replicas import _bits
+import distnb.rank.replicas.digest as digest
+from distnb.rank.replicas.digest import _bits
 
 # every dtype a tensor can have whose elements are whole bytes (torch 2.13); bool holds 0 or 1
 FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -140,7 +140,7 @@ def test_flips_across_rows_blocks_and_tensors(monkeypatch: pytest.MonkeyPatch) -
     """A tensor of several rows and a partial last word: flips in each,
     the same flip in two rows, and the same flips in the second of two tensors digested
     together."""
-    row = replicas._ROW
+    row = digest._ROW
     t = random_tensor(torch.float32, 2 * (4 * row + row + 3) + 1)  # 5 rows, 3 words, 4 bytes
     n, top = t.numel(), 31
     at = [0, 2 * row - 1, 2 * row, 2 * 4 * row + 5, n - 2, n - 1]
@@ -153,7 +153,7 @@ def test_flips_across_rows_blocks_and_tensors(monkeypatch: pytest.MonkeyPatch) -
         together = _bits([other, v])
         assert together[0] == base[0] and together[1] != base[1]  # each tensor its own digest
     # whatever blocks a device cuts the work into, the digest is the same
-    monkeypatch.setitem(replicas._BLOCK, "cpu", row)
+    monkeypatch.setitem(digest._BLOCK, "cpu", row)
     assert _bits([other, t]) == base
 
 
@@ -184,7 +184,7 @@ def test_a_device_gives_the_cpus_digest() -> None:
     digest of the bytes, wherever it is made."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    row = replicas._ROW
+    row = digest._ROW
     found = [random_tensor(d, 3) for d in DTYPES]
     found += [random_tensor(torch.float32, 9 * row + 3), torch.randn(300, 7).t()]
     on_gpu = [t.cuda() for t in found]

@@ -34,7 +34,7 @@ def store_session() -> Iterator[Session]:
 
 def test_fingerprints_go_through_the_store(store_session: Session) -> None:
     result = store_session.run(
-        "from distnb.rank.checked import _checker, exchange\n"
+        "from distnb.rank.checked.installation import _checker\n"
         "x = torch.full((3,), rank + 1.0)\n"
         "dist.all_reduce(x)\n"
         "group = _checker.groups[dist.group.WORLD.group_name]\n"

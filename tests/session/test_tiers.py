@@ -44,7 +44,7 @@ def all_reduce_works(session: Session) -> None:
 def test_every_rank_agrees_through_its_host_leader(hosts: tuple[Session, int]) -> None:
     session, per_host = hosts
     result = session.run(
-        "from distnb.rank.checked import _checker\n"
+        "from distnb.rank.checked.installation import _checker\n"
         "x = torch.full((3,), rank + 1.0)\n"
         "for _ in range(20):\n    dist.all_reduce(x)\n"
         "tiers = _checker.groups[dist.group.WORLD.group_name].tiers\n"

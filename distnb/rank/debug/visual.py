@@ -124,9 +124,11 @@ def stop_here(frame: FrameType) -> None:
     sys.stdout.flush()  # what the rank printed before it stops shows first
     try:
         api._settrace(  # type: ignore[no-untyped-call]
-            suspend=True, trace_only_current_thread=True, patch_multiprocessing=False,
+            suspend=True,
+            trace_only_current_thread=True,
+            patch_multiprocessing=False,
             stop_at_frame=frame,
-        )  # fmt: skip
+        )
     except Exception:  # a debugpy without this internal: stop one frame in, as it would
         import debugpy
 
@@ -144,8 +146,11 @@ def suspend_at(frame: FrameType) -> None:
 
     from debugpy.server import api  # loads debugpy's own copy of pydevd
 
-    api._settrace(suspend=False, trace_only_current_thread=True,  # type: ignore[no-untyped-call]
-                  patch_multiprocessing=False)  # fmt: skip
+    api._settrace(
+        suspend=False,
+        trace_only_current_thread=True,  # type: ignore[no-untyped-call]
+        patch_multiprocessing=False,
+    )
     py_db = sys.modules["pydevd"].get_global_debugger()
     set_break = sys.modules["_pydevd_bundle.pydevd_comm_constants"].CMD_SET_BREAK
     thread = threading.current_thread()

@@ -37,112 +37,18 @@ shows the modified values (the producer's `output` frame holds them as they were
 learn nothing about counts at the step where a value first goes non-finite unless that tensor
 had already asked for them; `full` always has them. The watch runs in the rank's own thread.
 
-Modules: `watch` (the `Watch` and the step's end), `hooks` (its hooks on the model), `buffer`
-(statistics queued on the device and read back), `stats` (the arithmetic), `frames` (from
-numbers to `Frame` records). The options are `distnb.records.overflow.WatchOptions`, checked
-once. Terms (step, micro-step, frame, compute dtype, headroom) are defined in
-`distnb.records.overflow`.
+Modules: `watch` (the `Watch`, the step's end, and `watch()` that starts one), `hooks` (its hooks
+on the model), `buffer` (statistics queued on the device and read back), `stats` (the
+arithmetic), `frames` (from numbers to `Frame` records), `registry` (this process's watches by
+name, for `%dist_overflow`), `nonfinite` (`detect`, one tensor's check). The options are
+`distnb.records.overflow.WatchOptions`, checked once. Terms (step, micro-step, frame, compute
+dtype, headroom) are defined in `distnb.records.overflow`.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterable, Sequence
-
-import torch
-from torch import nn
-
-from distnb.errors import ConfigError, DistnbWarning
-from distnb.rank.overflow.watch import Watch
-from distnb.records.overflow import Phase, Stats, StepOn, WatchOptions
+from distnb.rank.overflow.nonfinite import detect
+from distnb.rank.overflow.registry import attach, attached, detach
+from distnb.rank.overflow.watch import Watch, watch
 
 __all__ = ["Watch", "attach", "attached", "detach", "detect", "watch"]
-
-_DEFAULT = WatchOptions()
-
-
-def watch(
-    model: nn.Module,
-    *,
-    frames: int = _DEFAULT.frames,
-    trace_batches: Iterable[int] = _DEFAULT.trace_batches,
-    abort_after: int | None = _DEFAULT.abort_after,
-    phases: Sequence[Phase | str] = _DEFAULT.phases,
-    rank: int | None = _DEFAULT.rank,
-    headroom_warn_bits: float = _DEFAULT.headroom_warn_bits,
-    stats: Stats | str = _DEFAULT.stats,
-    step_on: StepOn | str = _DEFAULT.step_on,
-    stop_on_nonfinite: bool = _DEFAULT.stop_on_nonfinite,
-) -> Watch:
-    """Watch `model` for overflow, underflow and non-finite values; returns the running `Watch`.
-
-    The options are `distnb.records.overflow.WatchOptions`' fields: `frames` kept before the
-    first non-finite one, `trace_batches` (steps whose every frame is kept), `abort_after`,
-    `phases` (`forward`, `backward`, `grad`), `rank` (default: the process group's),
-    `headroom_warn_bits`, `stats` (`fast` by default, `auto` or `full`), `step_on` (`forward` or
-    `explicit`) and `stop_on_nonfinite`.
-
-    Example::
-
-        w = watch(model, trace_batches=[0], stop_on_nonfinite=True)
-    """
-    try:
-        options = WatchOptions.of(
-            frames=frames,
-            trace_batches=tuple(trace_batches),
-            abort_after=abort_after,
-            phases=tuple(phases),
-            rank=rank,
-            headroom_warn_bits=headroom_warn_bits,
-            stats=stats,
-            step_on=step_on,
-            stop_on_nonfinite=stop_on_nonfinite,
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return Watch(model, options)
-
-
-def detect(tensor: torch.Tensor, ctx: str = "") -> bool:
-    """True if `tensor` holds a NaN or an Inf (one host sync); warns with the counts if so.
-
-    Example::
-
-        dist.all_reduce(grad)
-        detect(grad, "grad after all_reduce")
-    """
-    x = tensor.detach()
-    if not x.is_floating_point() or not x.numel():
-        return False
-    nan, inf = torch.stack([torch.isnan(x).sum(), torch.isinf(x).sum()]).tolist()
-    if nan or inf:
-        what = ctx or f"tensor of shape {tuple(x.shape)}"
-        warnings.warn(
-            f"{what}: {nan} NaN, {inf} Inf of {x.numel()} values", DistnbWarning, stacklevel=2
-        )
-    return bool(nan or inf)
-
-
-# -- per-process registry, for the %dist_overflow magic -----------------------------------------
-
-_watches: dict[str, Watch] = {}
-
-
-def attach(name: str, model: nn.Module, options: WatchOptions | None = None) -> Watch:
-    """Watch `model` under `name` in this process, replacing an earlier watch of that name."""
-    detach(name)
-    _watches[name] = w = Watch(model, options)
-    return w
-
-
-def detach(name: str) -> bool:
-    """Remove the watch registered under `name`; False if there was none."""
-    w = _watches.pop(name, None)
-    if w is not None:
-        w.detach()
-    return w is not None
-
-
-def attached() -> dict[str, Watch]:
-    """The watches registered in this process, by name."""
-    return dict(_watches)

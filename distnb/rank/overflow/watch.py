@@ -1,4 +1,5 @@
-"""The watch: hooks on a model (`hooks`) and the step's end, where the step is read back.
+"""The watch: hooks on a model (`hooks`) and the step's end, where the step is read back;
+`watch(model, ...)` starts one from keyword options.
 
 A step ends at the root module's next forward (`step_on="forward"`) or at `Watch.step()`: then
 the step's statistics come back from the device in one read per device (`StepBuffer.read`),
@@ -9,18 +10,21 @@ watch with `NonFiniteError`/`OverflowStop`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from distnb.errors import NonFiniteError, OverflowStop
+from distnb.errors import ConfigError, NonFiniteError, OverflowStop
 from distnb.rank.overflow.frames import History
 from distnb.rank.overflow.hooks import Hooks
 from distnb.rank.overflow.stats import Scratch
-from distnb.records.overflow import RankOverflowReport, StepOn, WatchOptions
+from distnb.records.overflow import Phase, RankOverflowReport, Stats, StepOn, WatchOptions
 
-__all__ = ["Watch"]
+__all__ = ["Watch", "watch"]
+
+_DEFAULT = WatchOptions()
 
 
 class Watch(Hooks):
@@ -167,3 +171,45 @@ class Watch(Hooks):
 def _process_rank() -> int:
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def watch(
+    model: nn.Module,
+    *,
+    frames: int = _DEFAULT.frames,
+    trace_batches: Iterable[int] = _DEFAULT.trace_batches,
+    abort_after: int | None = _DEFAULT.abort_after,
+    phases: Sequence[Phase | str] = _DEFAULT.phases,
+    rank: int | None = _DEFAULT.rank,
+    headroom_warn_bits: float = _DEFAULT.headroom_warn_bits,
+    stats: Stats | str = _DEFAULT.stats,
+    step_on: StepOn | str = _DEFAULT.step_on,
+    stop_on_nonfinite: bool = _DEFAULT.stop_on_nonfinite,
+) -> Watch:
+    """Watch `model` for overflow, underflow and non-finite values; returns the running `Watch`.
+
+    The options are `distnb.records.overflow.WatchOptions`' fields: `frames` kept before the
+    first non-finite one, `trace_batches` (steps whose every frame is kept), `abort_after`,
+    `phases` (`forward`, `backward`, `grad`), `rank` (default: the process group's),
+    `headroom_warn_bits`, `stats` (`fast` by default, `auto` or `full`), `step_on` (`forward` or
+    `explicit`) and `stop_on_nonfinite`.
+
+    Example::
+
+        w = watch(model, trace_batches=[0], stop_on_nonfinite=True)
+    """
+    try:
+        options = WatchOptions.of(
+            frames=frames,
+            trace_batches=tuple(trace_batches),
+            abort_after=abort_after,
+            phases=tuple(phases),
+            rank=rank,
+            headroom_warn_bits=headroom_warn_bits,
+            stats=stats,
+            step_on=step_on,
+            stop_on_nonfinite=stop_on_nonfinite,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return Watch(model, options)

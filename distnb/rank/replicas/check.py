@@ -25,7 +25,8 @@ import torch.distributed as dist
 from distnb import keys
 from distnb.errors import ConfigError
 from distnb.rank.checked import exchange
-from distnb.rank.replicas import digests_of, entries_of
+from distnb.rank.replicas.digest import digests_of
+from distnb.rank.replicas.entries import entries_of
 from distnb.records.codec import dumps_many, loads_many
 from distnb.records.replicas import Difference, Digest, ReplicaReport, bad_options, compare
 
@@ -155,19 +156,23 @@ def _collect(
     board: exchange.StoreBoard, members: Sequence[int], rings: Sequence[int], stamp: int
 ) -> list[bytes]:
     """Wait for `rings` to hold `stamp`: through the checked runtime's monitor where it runs."""
-    from distnb.rank import checked
-    from distnb.rank.checked import callsite
+    from distnb.rank.checked import callsite, installation
     from distnb.rank.checked.monitor import Wait
     from distnb.records.beacon import WaitKind
 
-    checker = checked._checker
+    checker = installation._checker
     if checker is None:
         return exchange.collect(board, rings, stamp, lambda *_: None)
     where = callsite.lookup()
     wait = Wait(
-        WaitKind.COLLECTIVE, "distnb.replicas", "replica check", stamp, "diff_replicas", where,
+        WaitKind.COLLECTIVE,
+        "distnb.replicas",
+        "replica check",
+        stamp,
+        "diff_replicas",
+        where,
         members,
-    )  # fmt: skip
+    )
     return checker.wait(board, rings, stamp, wait)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from distnb import keys
 from distnb.errors import ReplicasDivergedError
 from distnb.rank.checked import exchange
-from distnb.rank.replicas import digests
+from distnb.rank.replicas.digest import digests
 from distnb.records.codec import dumps_many, loads_many
 from distnb.records.replicas import Difference, Digest, compare
 

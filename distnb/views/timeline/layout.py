@@ -95,9 +95,13 @@ def rank_groups(tl: Timeline) -> list[tuple[int, ...]]:
     alone |= {s.rank for s in tl.stragglers if s.times_last >= max(2, STRAGGLER_SHARE * fair)}
     groups: list[list[int]] = []
     for r in tl.ranks:
-        like = None if r in alone else next(
-            (g for g in groups if g[0] not in alone and _agree(tl, calls, g[0], r, tol)), None
-        )  # fmt: skip
+        like = (
+            None
+            if r in alone
+            else next(
+                (g for g in groups if g[0] not in alone and _agree(tl, calls, g[0], r, tol)), None
+            )
+        )
         if like is None:
             groups.append([r])
         else:

@@ -224,10 +224,11 @@ def build_timeline(
     """
     shift, precision = _clock(offsets)
     shifted = tuple(
-        DebugStop(s.rank, s.start_ns + shift.get(s.rank, 0), s.end_ns + shift.get(s.rank, 0),
-                  s.run_id)
+        DebugStop(
+            s.rank, s.start_ns + shift.get(s.rank, 0), s.end_ns + shift.get(s.rank, 0), s.run_id
+        )
         for s in sorted(stops, key=lambda s: (s.rank, s.start_ns))
-    )  # fmt: skip
+    )
     by_rank: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for stop in shifted:
         by_rank[stop.rank].append((stop.start_ns, stop.end_ns))

@@ -171,8 +171,9 @@ def render_text(tl: Timeline) -> str:
 
 def render_heading_html(tl: Timeline) -> str:
     note = stopped_note(tl)
-    return html_block([headline(tl), tl.clock_note, *([note] if note else [])], HEADING_STYLE,
-                      bold=True)  # fmt: skip
+    return html_block(
+        [headline(tl), tl.clock_note, *([note] if note else [])], HEADING_STYLE, bold=True
+    )
 
 
 def render_tables_html(tl: Timeline) -> str:
