@@ -109,8 +109,9 @@ def host(name: str = "", address: str = "127.0.0.1", argv: tuple[str, ...] = ())
     server = dist.TCPStore(
         address, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
-    endpoint = Endpoint(folder.path.name, address, server.port, socket.gethostname(),
-                        os.getpid(), time.time(), argv)  # fmt: skip
+    endpoint = Endpoint(
+        folder.path.name, address, server.port, socket.gethostname(), os.getpid(), time.time(), argv
+    )
     folder.write_endpoint(endpoint)
     _hand_over(folder)
     print(f"distnb: attach to this job with %dist_attach {folder.path}", file=sys.stderr)
@@ -122,8 +123,11 @@ def joined(where: Place) -> Hosted:
     inherit the hosting node's run folder, and their agents connect to its store."""
     folder = join(where)
     _hand_over(folder)
-    print(f"distnb: this node's ranks join the control plane at {where.address} "
-          f"(run folder {folder.path})", file=sys.stderr)  # fmt: skip
+    print(
+        f"distnb: this node's ranks join the control plane at {where.address} "
+        f"(run folder {folder.path})",
+        file=sys.stderr,
+    )
     return Hosted(folder, None)
 
 

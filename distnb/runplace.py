@@ -61,8 +61,10 @@ def place(name: str, address: str, torchrun_args: list[str]) -> Place:
     try:
         address = socket.gethostbyname(address)
     except OSError as exc:
-        raise ConfigError(f"cannot resolve {address!r}, the control plane's address: "
-                          f"name it with --distnb-host ADDR ({exc})") from None  # fmt: skip
+        raise ConfigError(
+            f"cannot resolve {address!r}, the control plane's address: "
+            f"name it with --distnb-host ADDR ({exc})"
+        ) from None
     if address.startswith("127."):
         raise ConfigError(
             f"a job on {args.nnodes} nodes needs its control plane on an address every node "
@@ -107,8 +109,11 @@ def join(where: Place, wait_s: float = JOIN_S) -> JobFolder:
                 "file system, or a copy of it made before this node starts (scp -rp)"
             )
         if not said:
-            print(f"distnb: waiting for the run folder {folder.path}, written by the node "
-                  f"with address {where.address}", file=sys.stderr)  # fmt: skip
+            print(
+                f"distnb: waiting for the run folder {folder.path}, written by the node "
+                f"with address {where.address}",
+                file=sys.stderr,
+            )
             said = True
         time.sleep(_POLL_S)
     endpoint, ended = folder.endpoint(), folder.ended()

@@ -29,10 +29,15 @@ from distnb.session.control import ControlPlane, ask_for_forged
 from distnb.session.options import Options
 
 __all__ = [
-    "CONNECT_S", "JOIN_TIMEOUT_S", "Placement", "assign_ranks", "choose_backend",
-    "connect_limit", "join",
+    "CONNECT_S",
+    "JOIN_TIMEOUT_S",
+    "Placement",
+    "assign_ranks",
+    "choose_backend",
+    "connect_limit",
+    "join",
     "wait_joined",
-]  # fmt: skip
+]
 
 CONNECT_S = {"gloo": 15.0, "nccl": 60.0}  # from the last rank's arrival at the group
 JOIN_TIMEOUT_S = 120.0  # for the ranks to arrive at all (their start, on a busy machine)
@@ -175,9 +180,13 @@ def connect_limit(backend: str, ranks: int) -> float:
 
 
 def _cannot_connect(
-    store: Any, names: list[str], pending: Sequence[tuple[int, Any]], joined: dict[int, Any],
-    backend: str, limit: float,
-) -> str:  # fmt: skip
+    store: Any,
+    names: list[str],
+    pending: Sequence[tuple[int, Any]],
+    joined: dict[int, Any],
+    backend: str,
+    limit: float,
+) -> str:
     waiting = [rank for rank, _ in pending if rank not in joined]
     lines = [
         f"{format_ranks(waiting)} did not join the process group within "

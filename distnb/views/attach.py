@@ -66,8 +66,10 @@ class JobView:
         return "\n".join(parts)
 
     def _repr_html_(self) -> str:
-        rows = [Row(row(s), WARN_ROW_BG if s.current else "", mark=f"rank-{s.rank}")
-                for s in self.snapshots]  # fmt: skip
+        rows = [
+            Row(row(s), WARN_ROW_BG if s.current else "", mark=f"rank-{s.rank}")
+            for s in self.snapshots
+        ]
         parts = [html_block(self.title, HEADING_STYLE, bold=True), html_table(HEADER, rows)]
         parts += [html_block(v.split("\n"), _VERDICT_STYLE) for v in self.verdicts]
         for ranks, stack in group_stacks(self.snapshots):

@@ -79,16 +79,22 @@ def _all_gather_object(object_list: Any, obj: Any, group: Any = None) -> Said:
 
 
 def _gather_object(
-    obj: Any, object_gather_list: Any = None, dst: Any = None, group: Any = None,
+    obj: Any,
+    object_gather_list: Any = None,
+    dst: Any = None,
+    group: Any = None,
     group_dst: Any = None,
-) -> Said:  # fmt: skip
+) -> Said:
     return _length(object_gather_list), _group_root(group, dst, group_dst)
 
 
 def _broadcast_object_list(
-    object_list: Any, src: Any = None, group: Any = None, device: Any = None,
+    object_list: Any,
+    src: Any = None,
+    group: Any = None,
+    device: Any = None,
     group_src: Any = None,
-) -> Said:  # fmt: skip
+) -> Said:
     return _length(object_list), _group_root(group, src, group_src)
 
 
@@ -112,18 +118,44 @@ OBJECT_CALLS: dict[str, Callable[..., Said]] = {
 # ProcessGroup's collective methods (what `torch.distributed`'s functions call), and the
 # functional collectives DTensor and tensor parallel call: checked under inference mode too
 _GROUP_METHODS = (
-    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "_allgather_base",
-    "all_gather_single", "allgather_coalesced", "allgather_into_tensor_coalesced", "gather",
-    "scatter", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
-    "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single",
-    "barrier", "monitored_barrier", "send", "recv", "recv_anysource",
-)  # fmt: skip
+    "allreduce",
+    "allreduce_coalesced",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "_allgather_base",
+    "all_gather_single",
+    "allgather_coalesced",
+    "allgather_into_tensor_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "recv_anysource",
+)
 _FUNCTIONAL = (
-    "all_reduce", "all_reduce_coalesced", "all_gather_tensor", "all_gather_tensor_autograd",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
-    "reduce_scatter_tensor_autograd", "reduce_scatter_tensor_coalesced", "all_to_all_single",
-    "all_to_all_single_autograd", "broadcast", "permute_tensor",
-)  # fmt: skip
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+    "broadcast",
+    "permute_tensor",
+)
 
 
 def _stamp_end(wait: Any) -> Any:

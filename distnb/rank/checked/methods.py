@@ -133,9 +133,16 @@ DESCRIBE: dict[str, Callable[..., Call]] = {
 
 # the methods that reduce: each of their overloads reduces with SUM unless told otherwise
 _REDUCING = frozenset(
-    {"allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single",
-     "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"}
-)  # fmt: skip
+    {
+        "allreduce",
+        "allreduce_coalesced",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_single",
+        "_reduce_scatter_base",
+        "reduce_scatter_tensor_coalesced",
+    }
+)
 
 Check = Callable[[Call, Callable[[], Any]], Any]
 

@@ -24,9 +24,16 @@ from typing import Any
 from distnb.errors import ConfigError, warn
 
 __all__ = [
-    "DEFAULT_CPU_RANKS", "FORKS", "EngineKind", "Launcher", "Local", "Mpi", "engine_command",
-    "forked_engines", "forks_folder",
-]  # fmt: skip
+    "DEFAULT_CPU_RANKS",
+    "FORKS",
+    "EngineKind",
+    "Launcher",
+    "Local",
+    "Mpi",
+    "engine_command",
+    "forked_engines",
+    "forks_folder",
+]
 
 DEFAULT_CPU_RANKS = 2
 FORKS = "distnb.rank.forks"  # the module that forks the engines of this machine

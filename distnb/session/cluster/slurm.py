@@ -36,9 +36,17 @@ __all__ = ["Slurm", "allocation", "parse_args", "shared_folder", "waiting"]
 _COMMAND_S = 10.0  # a Slurm command (sbatch, squeue, scancel) that takes longer has failed
 # States in which a job will never run engines (squeue's long names).
 _ENDED = {
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "REVOKED", "TIMEOUT",
-}  # fmt: skip
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "REVOKED",
+    "TIMEOUT",
+}
 _GONE = ("already completing or completed", "Invalid job id")  # scancel: nothing to cancel
 
 
@@ -188,9 +196,13 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> str:
     """A Slurm command's output; RuntimeError with what it said if it fails or hangs."""
     try:
         done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=_COMMAND_S,
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_S,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     except FileNotFoundError:
         raise RuntimeError(
             f"{command[0]} is not on this machine's PATH: --engines slurm runs Slurm's "

@@ -50,5 +50,10 @@ class CellFiles:
         text = self.sources.get(path) if isinstance(path, str) else None
         if text is None:
             return None
-        return {"type": "response", "request_seq": message.get("seq", 0), "command": "source",
-                "success": True, "body": {"content": text}}  # fmt: skip
+        return {
+            "type": "response",
+            "request_seq": message.get("seq", 0),
+            "command": "source",
+            "success": True,
+            "body": {"content": text},
+        }

@@ -62,9 +62,15 @@ def ready(
     client = DapClient(sock, event, name=name)
     client.request(
         "initialize",
-        {"clientID": "distnb", "adapterID": "python", "pathFormat": "path",
-         "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True},
-    )  # fmt: skip
+        {
+            "clientID": "distnb",
+            "adapterID": "python",
+            "pathFormat": "path",
+            "linesStartAt1": True,
+            "columnsStartAt1": True,
+            "supportsVariableType": True,
+        },
+    )
     rules = [{"path": folder, "include": False} for folder in not_mine]
     client.send_request("attach", {"justMyCode": True, "rules": rules, "subProcess": False})
     if not initialized.wait(READY_S):
@@ -121,5 +127,8 @@ def set_breakpoints(
             )
         except DapError as exc:  # a rank that went is dropped as its link ends
             if not client.closed:
-                print(f"distnb: rank {rank} did not take the breakpoints of {path}: {exc}; it "
-                      "may run past them", file=sys.stderr)  # fmt: skip
+                print(
+                    f"distnb: rank {rank} did not take the breakpoints of {path}: {exc}; it "
+                    "may run past them",
+                    file=sys.stderr,
+                )

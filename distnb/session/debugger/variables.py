@@ -60,10 +60,15 @@ class Variables:
         frame, name = found
         rows = _evaluate(client, frame, f"{_AT_RANK}.fields({name}, {name!r})")
         return [
-            {"name": key, "value": value, "type": "", "evaluateName": expression,
-             "variablesReference": 0}
+            {
+                "name": key,
+                "value": value,
+                "type": "",
+                "evaluateName": expression,
+                "variablesReference": 0,
+            }
             for key, value, expression in (rows if isinstance(rows, list) else [])
-        ]  # fmt: skip
+        ]
 
     def forget(self, rank: int) -> None:
         """The rank runs on: its frames, and the lists made in them, are gone."""

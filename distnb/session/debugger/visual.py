@@ -152,8 +152,9 @@ class VisualDebugger:
         if _LOG:
             with open(_LOG, "a", encoding="utf-8") as log:
                 args = json.dumps(message.get("arguments") or {})[:120]
-                log.write(f"{time.time():.3f} {message.get('command')} {args} -> "
-                          f"{reply.get('success')}\n")  # fmt: skip
+                log.write(
+                    f"{time.time():.3f} {message.get('command')} {args} -> {reply.get('success')}\n"
+                )
         return reply
 
     async def _process(self, message: Message) -> Message:
@@ -302,13 +303,18 @@ class VisualDebugger:
                 continue
             try:
                 self.clients[info.rank] = links.connect(
-                    info, cluster.view(info.engine_id), control, self.breakpoints,
+                    info,
+                    cluster.view(info.engine_id),
+                    control,
+                    self.breakpoints,
                     partial(self.on_event, info.rank),
-                )  # fmt: skip
+                )
             except (DapError, OSError) as exc:  # the cell runs; this rank just does not stop
                 self.clients.pop(info.rank, None)
-                print(f"distnb: JupyterLab's debugger cannot reach rank {info.rank}: {exc}",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"distnb: JupyterLab's debugger cannot reach rank {info.rank}: {exc}",
+                    file=sys.stderr,
+                )
 
     def on_event(self, rank: int, event: Message) -> None:
         name = event.get("event")
@@ -390,8 +396,13 @@ class VisualDebugger:
 
 
 def _refused(message: Message, why: str) -> Message:
-    return {"type": "response", "request_seq": message.get("seq", 0),
-            "command": message.get("command", ""), "success": False, "message": why}  # fmt: skip
+    return {
+        "type": "response",
+        "request_seq": message.get("seq", 0),
+        "command": message.get("command", ""),
+        "success": False,
+        "message": why,
+    }
 
 
 async def _off_loop(fn: Any, *args: Any) -> Any:
