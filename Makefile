@@ -1,5 +1,6 @@
-# Quick start: `make demo` runs distnb's demo, `make test` runs the test suite.
-# Both create .venv on first use. CONSTRAINTS pins what this project's machines install (torch's
+# Quick start: `make demo` runs distnb's demo, `make test` runs the test suite, `make check` the
+# fast part of it (before each commit: lint and the check tier, a few minutes; tests/conftest.py).
+# Each creates .venv on first use. CONSTRAINTS pins what this project's machines install (torch's
 # CPU build, and every other package at the release the suite passed with); users installing
 # distnb elsewhere get its loose ranges and bring their own torch.
 PYTHON ?= python3
@@ -8,7 +9,7 @@ CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c $(CONSTRAINTS)
 
-.PHONY: demo test lint lock bench bench-check compat compat-all clean
+.PHONY: demo test check lint lock bench bench-check compat compat-all clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# The fast tier for every commit: lint, then the tests marked `check` (tests/conftest.py says
+# which: the tests without a tier marker, and a handful of cluster tests on one shared session).
+check: $(VENV)/.installed lint
+	$(PY) -m pytest -m check
 
 lint: $(VENV)/.installed bench-check
 	$(VENV)/bin/ruff check distnb tests bench

@@ -12,8 +12,10 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import pytest
+
 from distnb.errors import RankTimeoutError
-from distnb.matching import match
+from distnb.judgement import match
 from distnb.records.cell import RankInfo, RankReport, RankState
 from distnb.records.collective import CallSite, Fingerprint, TensorSpec
 from distnb.records.replicas import Digest, ReplicaReport, compare
@@ -26,6 +28,8 @@ from distnb.views.status import Status
 from distnb.views.timeline import TimelineView
 from tests.browser.lab import REPO
 from tests.views.test_timeline import ev
+
+pytestmark = pytest.mark.browser
 
 SHOTS = REPO / "artifacts" / "scale"
 WORLD = 32

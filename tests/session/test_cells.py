@@ -51,6 +51,7 @@ def _kwargs(line: str) -> dict[str, object]:
     return kw
 
 
+@pytest.mark.check
 def test_all_reduce_output_is_labelled_in_rank_order(
     run: Runner, capsys: pytest.CaptureFixture[str]
 ) -> None:

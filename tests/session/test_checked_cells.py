@@ -93,6 +93,7 @@ def still_works(session: Session) -> None:
     ],
     ids=["shape", "dtype", "reduce-op", "root", "op-type", "device", "splits", "count", "group"],
 )
+@pytest.mark.check
 def test_mismatch_names_each_rank_call_and_line(
     session: Session, code: str, kind: MatchKind, calls: list[str]
 ) -> None:
@@ -113,6 +114,7 @@ def test_mismatch_names_each_rank_call_and_line(
     still_works(session)
 
 
+@pytest.mark.check
 def test_mismatch_in_the_notebook_says_the_cell_and_line(shell: InteractiveShell) -> None:
     with pytest.raises(CollectiveMismatchError) as info:
         shell.run_cell_magic("allranks", "", ACCELERATE_EXAMPLE)
@@ -197,6 +199,7 @@ def test_a_rank_that_raises_releases_the_others(session: Session) -> None:
     still_works(session)
 
 
+@pytest.mark.check
 def test_a_skipped_collective_is_reported_as_a_skip(session: Session) -> None:
     code = (
         "x = torch.ones(2)\n"

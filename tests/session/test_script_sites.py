@@ -178,6 +178,7 @@ def own_session() -> Iterator[Session]:
     assert not running(pids)
 
 
+@pytest.mark.check
 def test_a_rank_that_dies_in_a_script_is_reported_at_the_scripts_line(
     own_session: Session, pkg: Path
 ) -> None:

@@ -165,6 +165,7 @@ def run(request: pytest.FixtureRequest, session: Session, shell: InteractiveShel
     return Runner(request.param, session, shell)
 
 
+@pytest.mark.check
 def test_a_script_runs_as_main_with_its_argv(
     run: Runner, scripts: Path, capsys: pytest.CaptureFixture[str], session: Session
 ) -> None:

@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.check
 def test_shape_table_puts_the_rank_dependent_shape_first(session: object) -> None:
     session.run(  # type: ignore[attr-defined]
         "same = torch.zeros(4, 3)\n"
