@@ -31,8 +31,8 @@ check: $(VENV)/.installed lint
 	$(PY) -m pytest -m check
 
 lint: $(VENV)/.installed bench-check
-	$(VENV)/bin/ruff check distnb tests bench
-	$(VENV)/bin/ruff format --check distnb tests bench
+	$(VENV)/bin/ruff check distnb harness tests bench
+	$(VENV)/bin/ruff format --check distnb harness tests bench
 	$(VENV)/bin/mypy
 
 # CONSTRAINTS' pins written again from the venv (its comments and torch's pin kept): after

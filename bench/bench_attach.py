@@ -11,7 +11,7 @@
    workloads: `tiny`, a step that is almost only two small `dist.all_reduce`s (the worst case:
    the agent's cost is per collective), and `mlp`, a small DDP MLP (its bucket all_reduced by
    DDP's reducer, from C++, plus one metric all_reduce).
-2. **Time to the first verdict.** A job of N ranks that hangs (`tests/attach/train.py`, MODE
+2. **Time to the first verdict.** A job of N ranks that hangs (`harness/train.py`, MODE
    hang: rank 1 skipped an all_reduce, rank 0 waits in its last one): from `distnb.attach(run
    folder)` to `verdicts()` returning the sentence that names the skipped call and both lines,
    attached afresh each round.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from median_ci import median_ci, ratio_of_medians
 from results import saved
 
-from tests.attach.jobs import job
+from harness.jobs import job
 
 JOB = Path(__file__).with_name("attach_job.py")
 VARIANTS = ("plain", "agent", "again")

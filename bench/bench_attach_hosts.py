@@ -2,11 +2,11 @@
 
     sudo python bench/bench_attach_hosts.py [--rounds 7] [--per-host 8]
 
-Two rehearsal hosts (`tests/multihost/hosts.py`: network, UTS, PID and mount namespaces with
+Two rehearsal hosts (`harness/hosts.py`: network, UTS, PID and mount namespaces with
 their own sshd, on this machine) run one hung torchrun job of 2 x `--per-host` ranks:
 `python -m distnb.run --nnodes 2 --nproc-per-node N` started over ssh on each, the second
 host's launcher joining the first host's control plane (`distnb.runplace`), the run folder on a
-folder both hosts see (a shared home's part). The job is `tests/attach/train.py` in MODE hang
+folder both hosts see (a shared home's part). The job is `harness/train.py` in MODE hang
 (rank 1 skips an all_reduce; every other rank waits in its last one), tiny on purpose: 16 torch
 processes share this machine's cores.
 
@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_attach import ms, ratio
 from results import saved
 
-from tests.multihost import jobs
-from tests.multihost.hosts import Host, Lan, missing
+from harness import host_jobs as jobs
+from harness.hosts import Host, Lan, missing
 
 START_S = 900.0  # 16 ranks importing torch on 2 busy cores
 

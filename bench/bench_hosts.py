@@ -3,9 +3,9 @@ check's cost, and what a stranger writing over the control plane's keys costs a 
 
     sudo python bench/bench_hosts.py [--repeats 5] [--parts start cost stranger lifeline slurm]
 
-Needs root (it makes the rehearsal hosts of `tests/multihost/hosts.py`: two hosts behind a
+Needs root (it makes the rehearsal hosts of `harness/hosts.py`: two hosts behind a
 router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd), and
-for the Slurm rows Debian's slurm-wlm and munge (`tests/multihost/slurm.py`: slurmctld on the
+for the Slurm rows Debian's slurm-wlm and munge (`harness/slurm.py`: slurmctld on the
 first host, a slurmd on each).
 
 - start: 2 ranks on each host, from the call until every rank is in a gloo process group across
@@ -20,7 +20,7 @@ first host, a slurmd on each).
   checked against unchecked, in rounds that alternate.
 - stranger: a cell of 20 checked all_reduces across the hosts, 0.1 s apart, while something on
   the network overwrites every key of the session with random bytes every few milliseconds
-  for the cell's first 2 s (`tests/multihost/stranger.py`), against the same cell left alone,
+  for the cell's first 2 s (`harness/stranger.py`), against the same cell left alone,
   in rounds that alternate: what re-posting forged values costs (`distnb.rank.posts`).
 - lifeline: one rank on the first host and three on the second, which sleep, spin in Python
   and wait in a collective when the second host's link goes down, and stays down: the time
@@ -48,10 +48,10 @@ from median_ci import median_ci, ratio_of_medians  # noqa: E402
 
 import distnb  # noqa: E402
 from distnb.errors import RankDiedError  # noqa: E402
-from tests.multihost.hosts import Host, Lan, missing  # noqa: E402
-from tests.multihost.slurm import Slurm  # noqa: E402
-from tests.multihost.slurm import missing as slurm_missing  # noqa: E402
-from tests.multihost.stranger import Stranger  # noqa: E402
+from harness.hosts import Host, Lan, missing  # noqa: E402
+from harness.slurm import Slurm  # noqa: E402
+from harness.slurm import missing as slurm_missing  # noqa: E402
+from harness.stranger import Stranger  # noqa: E402
 
 RANKS_PER_HOST = 2
 SBATCH = ["--ntasks-per-node", str(RANKS_PER_HOST)]

@@ -49,7 +49,7 @@ from results import saved
 from torchrun_timed import torchrun_seconds
 
 import distnb
-from tests.session.thirdparty import script_path
+from harness.thirdparty import script_path
 
 ROWS = {
     "fresh": "%dist_run, DDP script (reset as shipped)",

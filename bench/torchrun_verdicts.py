@@ -1,5 +1,5 @@
 """Each third-party script's verdict under torchrun, derived again and compared with the table
-the tests hold (`tests/session/thirdparty.py`, `VERDICTS`).
+the tests hold (`harness/thirdparty.py`, `VERDICTS`).
 
     python bench/torchrun_verdicts.py [--timeout 240] [NAME ...]
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.session.thirdparty import ACCELERATE, VERDICTS, script_path, torchrun_verdict
+from harness.thirdparty import ACCELERATE, VERDICTS, script_path, torchrun_verdict
 
 
 def main() -> int:

@@ -25,13 +25,10 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
 import pytest
 
 if sys.version_info >= (3, 11):
@@ -141,18 +138,6 @@ if TYPE_CHECKING:
     from distnb.session import Session
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# "Named rather than hanging": how long a test lets a fault, mismatch or release take before it
-# fails. Far above the real times (well under 2 s on an idle machine, bench/ measures them) so a
-# loaded machine passes, far below the timeouts the cells set (60 s) or the hang there would be.
-NAMED_S = 30.0
-
-
-def plain(text: str) -> str:
-    """Text without terminal colour codes."""
-    return ANSI.sub("", text)
-
-
 @pytest.fixture(scope="session")
 def session() -> Iterator[Session]:
     import distnb
@@ -176,46 +161,3 @@ def shell(session: Session) -> Iterator[InteractiveShell]:
     magics.session = session
     yield ip
     magics.session = None
-
-
-def running(pids: list[int]) -> list[int]:
-    """The pids that still run (a zombie waiting for init to reap it has stopped)."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def children_of_this_process() -> list[int]:
-    return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
-
-
-class Interrupter(threading.Thread):
-    """Sends this process SIGINT (Ctrl-C) once every rank has made `{marker}{rank}`: the ranks
-    are then inside the code to interrupt. `sent` is when it did (None if the ranks never got
-    there). Join it after the interrupted call."""
-
-    def __init__(self, marker: Path, ranks: tuple[int, ...]) -> None:
-        super().__init__(name="interrupter", daemon=True)
-        self.marker, self.ranks = marker, ranks
-        self.sent: float | None = None
-
-    def run(self) -> None:
-        deadline = time.monotonic() + 600  # a loaded machine starts ranks' code slowly
-        while not all(Path(f"{self.marker}{r}").exists() for r in self.ranks):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
-        self.sent = time.monotonic()
-        os.kill(os.getpid(), signal.SIGINT)
-
-
-def interrupt_once_created(marker: Path, ranks: tuple[int, ...]) -> Interrupter:
-    """Start an `Interrupter` (see there)."""
-    thread = Interrupter(marker, ranks)
-    thread.start()
-    return thread

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests import kernel_driver
-from tests.conftest import plain
-from tests.kernel_driver import execute
+from harness import kernel_driver
+from harness.kernel_driver import execute
+from harness.processes import plain
 
 pytestmark = pytest.mark.cluster
 

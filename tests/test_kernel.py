@@ -14,9 +14,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests import kernel_driver
-from tests.conftest import running
-from tests.kernel_driver import ANSI, execute
+from harness import kernel_driver
+from harness.kernel_driver import ANSI, execute
+from harness.processes import running_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -42,9 +42,9 @@ def test_a_killed_kernel_takes_its_ranks_along(kernel: tuple[Any, Any]) -> None:
     assert len(pids) >= 6  # controller, 2 engines, 2 nannies, the reaper
     os.kill(km.provisioner.pid, signal.SIGKILL)  # no atexit, no %dist_stop
     deadline = time.monotonic() + 10
-    while running(pids) and time.monotonic() < deadline:
+    while running_pids(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not running(pids)
+    assert not running_pids(pids)
 
 
 def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, Any]) -> None:
@@ -106,11 +106,11 @@ def test_kernel_runs_cells_survives_interrupt_and_cleans_up(kernel: tuple[Any, A
 
     kernel_pid = km.provisioner.pid
     km.shutdown_kernel(now=False)
-    psutil.wait_procs([psutil.Process(p) for p in running([kernel_pid])], timeout=10)
+    psutil.wait_procs([psutil.Process(p) for p in running_pids([kernel_pid])], timeout=10)
     deadline = time.monotonic() + 5
-    while running(pids) and time.monotonic() < deadline:
+    while running_pids(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not running([kernel_pid, *pids])
+    assert not running_pids([kernel_pid, *pids])
 
 
 def test_the_frontend_gets_ranks_output_in_order_and_errors_without_internals(

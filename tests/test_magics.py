@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 import distnb
 from distnb.errors import ConfigError
 from distnb.magics import DistMagics
-from tests.conftest import running
+from harness.processes import running_pids
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -57,12 +57,12 @@ def test_magic_lifecycle_start_status_run_restart_stop(
         assert "[ranks 0-1] 2 False" in capsys.readouterr().out  # --no-check
         before = no_session.session.pids()
         shell.run_line_magic("dist_restart", "")
-        assert not running(before)
+        assert not running_pids(before)
         assert len(shell.run_line_magic("dist_status", "").ranks) == 2
     finally:
         pids = no_session.session.pids() if no_session.session else []
         shell.run_line_magic("dist_stop", "")
-    assert not running(pids)
+    assert not running_pids(pids)
     assert "no cluster running" in repr(shell.run_line_magic("dist_status", ""))
 
 

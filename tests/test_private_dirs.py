@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.kernel_driver import execute
 from tests.conftest import PRIVATE_DIRS, PRIVATE_ENV
-from tests.kernel_driver import execute
 
 
 def sessions(history: Path) -> int:

@@ -17,7 +17,7 @@ from distnb.judgement.mismatch import UNCHECKED
 from distnb.records.agent import Stop, dumps_request
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob, attach_processes, procs
-from tests.attach.jobs import (
+from harness.jobs import (
     ANSWER_S,
     CHECKPOINT,
     GRADS,

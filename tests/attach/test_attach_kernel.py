@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.attach.jobs import job
-from tests.kernel_driver import execute, kernel
+from harness.jobs import job
+from harness.kernel_driver import execute, kernel
 
 pytestmark = [pytest.mark.gloo, pytest.mark.notebook]
 

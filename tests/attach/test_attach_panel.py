@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.attach.jobs import TRAIN, Job, job, line_of
-from tests.kernel_driver import ANSI, Frontend, frontend
+from harness.jobs import TRAIN, Job, job, line_of
+from harness.kernel_driver import ANSI, Frontend, frontend
 from tests.session.test_visual_debugger import Dap, names, switch_on, variables
 
 pytestmark = [pytest.mark.gloo, pytest.mark.notebook]

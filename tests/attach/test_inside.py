@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from distnb.magics import AttachMagics
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob
-from tests.attach.jobs import GRADS, TRAIN, job, judged, line_of
+from harness.jobs import GRADS, TRAIN, job, judged, line_of
 from tests.attach.test_attach import attached, settled
 
 pytestmark = pytest.mark.gloo

@@ -16,7 +16,7 @@ import distnb
 from distnb.errors import SessionError
 from distnb.records.attach import AgentState
 from distnb.run import BOOT
-from tests.attach.jobs import ANSWER_S, job
+from harness.jobs import ANSWER_S, job
 
 pytestmark = pytest.mark.gloo
 

@@ -43,8 +43,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.binder.limits import Limits, Unavailable, sweep
-from tests.notebooks.runner import (
+from harness.notebooks import (
     ANSWERS,
     CHECKS,
     EXIT_WAIT_S,
@@ -55,7 +54,8 @@ from tests.notebooks.runner import (
     run_answering,
     run_nbclient,
 )
-from tests.processes import describe, kill, still_running
+from harness.processes import describe, kill, still_running
+from tests.binder.limits import Limits, Unavailable, sweep
 
 REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"

@@ -1,5 +1,5 @@
-"""The browser tests' fixtures (Chromium, a JupyterLab server, a page): tests/browser/lab.py."""
+"""The browser tests' fixtures (Chromium, a JupyterLab server, a page): harness/lab.py."""
 
-from tests.browser.lab import chromium, lab, page
+from harness.lab import chromium, lab, page
 
 __all__ = ["chromium", "lab", "page"]

@@ -13,8 +13,8 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.attach.jobs import TRAIN, job, line_of
-from tests.browser.lab import REPO, Lab, cell, output_text, wait_for_kernel_idle
+from harness.jobs import TRAIN, job, line_of
+from harness.lab import REPO, Lab, cell, output_text, wait_for_kernel_idle
 from tests.browser.test_visual_debugger import ran, run_cell
 
 pytestmark = [pytest.mark.gloo, pytest.mark.browser]

@@ -13,7 +13,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.browser.lab import REPO, WAIT_MS, Lab, cell, output_text, wait_for_kernel_idle
+from harness.lab import REPO, WAIT_MS, Lab, cell, output_text, wait_for_kernel_idle
 from tests.browser.test_visual_debugger import ran, run_cell
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]

@@ -13,7 +13,7 @@ runs *Run > Run All Cells* and waits until the last cell has run. Then it checks
   the rank, answered by typing into it as a user does.
 
 Screenshots go to artifacts/browser/, as does the server's log. The server, the browser and
-the helpers that drive a notebook are in tests/browser/lab.py.
+the helpers that drive a notebook are in harness/lab.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.lab import (
+from harness.lab import (
     ARTIFACTS,
     BROKEN_WIDGET,
     DEBUGGER,
@@ -139,7 +139,7 @@ def test_timelines_render_as_widgets_with_their_drawing(lab: Lab, page: Any) -> 
 def test_a_ranks_debugger_prompts_in_the_input_box(lab: Lab, page: Any) -> None:
     from playwright.sync_api import expect
 
-    from tests.notebooks.runner import ANSWERS
+    from harness.notebooks import ANSWERS
 
     expect.set_options(timeout=WAIT_MS)
     index = cell_indices(DEBUGGER)

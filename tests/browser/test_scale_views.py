@@ -26,7 +26,7 @@ from distnb.views.replicas import ReplicaView
 from distnb.views.shapes import ShapeTableView
 from distnb.views.status import Status
 from distnb.views.timeline import TimelineView
-from tests.browser.lab import REPO
+from harness.lab import REPO
 from tests.views.test_timeline import ev
 
 pytestmark = pytest.mark.browser

@@ -13,7 +13,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.browser.lab import (
+from harness.lab import (
     ARTIFACTS,
     WAIT_MS,
     Lab,

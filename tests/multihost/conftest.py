@@ -8,7 +8,7 @@ import pytest
 
 import distnb
 from distnb.session import Session
-from tests.multihost.hosts import Host, Lan
+from harness.hosts import Host, Lan
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,9 @@ import distnb
 from distnb.errors import ConfigError
 from distnb.records.attach import AgentState
 from distnb.session.attach import AttachedJob, attach_processes, procs
-from tests.attach.jobs import (
+from harness import host_jobs as jobs
+from harness.hosts import Lan, missing
+from harness.jobs import (
     CHECKPOINT,
     LEFT_THE_LOOP,
     METRICS,
@@ -34,8 +36,6 @@ from tests.attach.jobs import (
     TRAIN,
     judged,
 )
-from tests.multihost import jobs
-from tests.multihost.hosts import Lan, missing
 
 pytestmark = [
     pytest.mark.multihost,

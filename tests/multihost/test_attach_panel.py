@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.attach.jobs import START_S, TRAIN
+from harness import host_jobs as jobs
+from harness.hosts import Lan, missing
+from harness.jobs import START_S, TRAIN
+from harness.kernel_driver import frontend
 from tests.attach.test_attach_panel import BEFORE, Panel, settled, stepped_to_the_gradients
-from tests.kernel_driver import frontend
-from tests.multihost import jobs
-from tests.multihost.hosts import Lan, missing
 from tests.session.test_visual_debugger import switch_on
 
 pytestmark = [

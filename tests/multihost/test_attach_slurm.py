@@ -19,11 +19,11 @@ import pytest
 
 import distnb
 from distnb.records.attach import AgentState
-from tests.attach.jobs import LEFT_THE_LOOP, START_S, judged
-from tests.multihost import jobs
-from tests.multihost.hosts import Lan, missing
-from tests.multihost.slurm import Slurm
-from tests.multihost.slurm import missing as slurm_missing
+from harness import host_jobs as jobs
+from harness.hosts import Lan, missing
+from harness.jobs import LEFT_THE_LOOP, START_S, judged
+from harness.slurm import Slurm
+from harness.slurm import missing as slurm_missing
 from tests.multihost.test_attach_hosts import settle
 
 pytestmark = [

@@ -15,7 +15,7 @@ import distnb
 from distnb import keys
 from distnb.errors import CollectiveMismatchError
 from distnb.session import Session
-from tests.multihost.hosts import Lan, missing
+from harness.hosts import Lan, missing
 
 pytestmark = [
     pytest.mark.multihost,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kernel_driver import frontend
-from tests.multihost.hosts import Lan, missing
+from harness.hosts import Lan, missing
+from harness.kernel_driver import frontend
 from tests.session.test_visual_debugger import attach, output
 
 pytestmark = [

@@ -18,8 +18,8 @@ import pytest
 
 from distnb.errors import RankDiedError
 from distnb.rank.lifeline import BOUND_S as LIFELINE_S
+from harness.hosts import Host, Lan, missing
 from tests.multihost.conftest import start_on
-from tests.multihost.hosts import Host, Lan, missing
 from tests.multihost.test_ssh_faults import fault_in
 
 pytestmark = [

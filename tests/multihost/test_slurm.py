@@ -17,10 +17,10 @@ import pytest
 import distnb
 from distnb.errors import CollectiveMismatchError, DistnbWarning, SessionError
 from distnb.session import Session
+from harness.hosts import Lan, missing
+from harness.slurm import Slurm
+from harness.slurm import missing as slurm_missing
 from tests.multihost.conftest import engines_on
-from tests.multihost.hosts import Lan, missing
-from tests.multihost.slurm import Slurm
-from tests.multihost.slurm import missing as slurm_missing
 from tests.multihost.test_ssh_faults import gone_within, lose_rank_1
 
 pytestmark = [

@@ -17,9 +17,9 @@ from distnb.errors import (
     CollectiveMismatchError,
 )
 from distnb.session import Session
-from tests.conftest import NAMED_S
+from harness.hosts import Lan, missing
+from harness.processes import NAMED_S
 from tests.multihost.conftest import engines_on, start_on
-from tests.multihost.hosts import Lan, missing
 
 pytestmark = [
     pytest.mark.multihost,

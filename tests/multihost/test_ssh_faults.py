@@ -15,9 +15,9 @@ from distnb.session import Session
 from distnb.session.cluster.members import LEFT_CLUSTER
 from distnb.session.cluster.stopped import LIFELINE_BOUND_S
 from distnb.session.joining import CONNECT_S
-from tests.conftest import NAMED_S
+from harness.hosts import Host, Lan, missing
+from harness.processes import NAMED_S
 from tests.multihost.conftest import engines_on, start_on
-from tests.multihost.hosts import Host, Lan, missing
 
 pytestmark = [
     pytest.mark.multihost,

@@ -20,9 +20,9 @@ from distnb.errors import CollectiveDesyncError, SessionError
 from distnb.session import Session
 from distnb.session.cluster.ssh import Ssh
 from distnb.session.options import Options
+from harness.hosts import Lan, missing
+from harness.stranger import Stranger
 from tests.multihost.conftest import engines_on, start_on
-from tests.multihost.hosts import Lan, missing
-from tests.multihost.stranger import Stranger
 
 pytestmark = [
     pytest.mark.multihost,

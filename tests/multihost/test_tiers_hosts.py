@@ -15,9 +15,9 @@ import pytest
 
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
 from distnb.session import Session
-from tests.conftest import NAMED_S
+from harness.hosts import Lan, missing
+from harness.processes import NAMED_S
 from tests.multihost.conftest import start_on
-from tests.multihost.hosts import Lan, missing
 
 pytestmark = [
     pytest.mark.multihost,

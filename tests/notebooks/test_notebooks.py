@@ -2,7 +2,7 @@
 
 Each notebook runs through nbclient in a fresh "python3" kernel (this environment's Python), or,
 when its cells ask for input (a debugger's prompt), through a frontend that types the answers in
-`ANSWERS` (nbclient cannot answer input requests; tests/notebooks/runner.py). Only cells tagged
+`ANSWERS` (nbclient cannot answer input requests; harness/notebooks.py). Only cells tagged
 `raises-exception` may raise, and each of them must. `CHECKS` says what each notebook's key cells
 show; a new notebook adds one line there. After the notebook, the kernel is
 shut down and every process it started (ranks, controller, nannies, `!` commands and theirs) must
@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.notebooks.runner import (
+from harness.notebooks import (
     ANSWERS,
     CHECKS,
     EXIT_WAIT_S,
@@ -30,7 +30,7 @@ from tests.notebooks.runner import (
     run_answering,
     run_nbclient,
 )
-from tests.processes import describe, kill, still_running
+from harness.processes import describe, kill, still_running
 
 
 def test_every_notebook_has_checks_and_is_stored_clean() -> None:
@@ -61,7 +61,7 @@ def test_notebook_runs_in_a_kernel(
     import nbformat
 
     checks = CHECKS.get(path.name)
-    assert checks is not None, f"add a line for {path.name} to CHECKS in tests/notebooks/runner.py"
+    assert checks is not None, f"add a line for {path.name} to CHECKS in harness/notebooks.py"
     # `!distnb ...` in a notebook needs this environment's scripts on the kernel's PATH.
     monkeypatch.setenv(
         "PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])

@@ -7,7 +7,6 @@ name; this test process hosts the control plane and plays the kernel (abort key,
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -17,14 +16,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-from gloo_harness import Outcome, Ranks
-
 from distnb import keys
 from distnb.rank import checked
 from distnb.rank.checked import installation
 from distnb.records.beacon import Beacon, BeaconState
-from tests.conftest import NAMED_S
+from harness.gloo import Outcome, Ranks
+from harness.processes import NAMED_S
 
 pytestmark = pytest.mark.gloo
 

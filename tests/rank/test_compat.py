@@ -10,8 +10,6 @@ installed torch lacks the way it does in the field: `OPS` plus an op of a newer 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,14 +19,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _functional_collectives as funcol
 
-sys.path.insert(0, os.path.dirname(__file__))
-from gloo_harness import Ranks
-
 from distnb.rank import doctor
 from distnb.rank.checked import installation, methods
 from distnb.rank.checked.calls import Call, group_name, spec
 from distnb.rank.checked.intercept import KEY, Context, Interceptor, resolve
 from distnb.rank.checked.ops import OPS, UNREAD, Describe
+from harness.gloo import Ranks
 
 
 def gather_into_tensor_(

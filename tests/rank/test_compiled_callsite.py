@@ -9,10 +9,8 @@ inductor's cache serves a graph compiled elsewhere.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-from gloo_harness import Outcome, Ranks
+from harness.gloo import Outcome, Ranks
 
 pytestmark = pytest.mark.gloo
 

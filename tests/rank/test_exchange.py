@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from distnb.rank.checked import exchange, futex
 from distnb.rank.checked.exchange import LAPPED, ShmBoard, StoreBoard, collect
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from distnb.session import Session
 from distnb.session.cluster.members import Role
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 
 def forks(tmp_path: Path, *engine_args: str) -> subprocess.Popen[bytes]:

@@ -16,7 +16,7 @@ from distnb import keys
 from distnb.rank.debug import relay
 from distnb.rank.debug.relay import Relay
 from distnb.rank.signed import SignedStore
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 SECRET = os.urandom(32)
 

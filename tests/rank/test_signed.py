@@ -15,7 +15,7 @@ from distnb import keys
 from distnb.rank import posts
 from distnb.rank.checked.exchange import StoreBoard, collect
 from distnb.rank.signed import ForgedValueError, SignedStore, take_forged
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 SECRET = b"s" * 32
 PREFIX = "distnb-test"

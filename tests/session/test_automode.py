@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 
 from distnb.errors import RankError
 from distnb.session.automode import AutoMode, Route, route
-from tests.conftest import plain
+from harness.processes import plain
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from distnb.errors import RankError, RankTimeoutError
-from tests.conftest import NAMED_S, interrupt_once_created, plain
+from harness.processes import NAMED_S, interrupt_once_created, plain
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

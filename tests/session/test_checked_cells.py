@@ -20,7 +20,7 @@ from distnb.errors import (
     RankTimeoutError,
 )
 from distnb.records.collective import MatchKind
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

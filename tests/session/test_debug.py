@@ -1,6 +1,6 @@
 """The debugger on the ranks, driven from a real Jupyter kernel as a user drives it.
 
-A frontend (`tests.kernel_driver`) answers the kernel's input requests the way a user types into
+A frontend (`harness.kernel_driver`) answers the kernel's input requests the way a user types into
 JupyterLab's input box; every cell runs on a real 2-rank gloo cluster started once for this
 module. Each test ends with the cluster ready for the next cell.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from distnb.session.load import stretched
-from tests.kernel_driver import Frontend, Reply, with_ranks
+from harness.kernel_driver import Frontend, Reply, with_ranks
 
 pytestmark = pytest.mark.cluster
 

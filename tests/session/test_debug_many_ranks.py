@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel_driver import Frontend, with_ranks
+from harness.kernel_driver import Frontend, with_ranks
 from tests.session.test_debug_transcript import in_order
 
 pytestmark = pytest.mark.cluster

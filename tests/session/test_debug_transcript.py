@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel_driver import Frontend, with_ranks
+from harness.kernel_driver import Frontend, with_ranks
 
 pytestmark = pytest.mark.cluster
 

@@ -35,7 +35,7 @@ from distnb.session.cluster.engines import Local
 from distnb.session.cluster.members import Member, Members, Role
 from distnb.session.control import boards_pattern
 from distnb.session.options import REGISTER_TIMEOUT_S
-from tests.conftest import NAMED_S, children_of_this_process, running
+from harness.processes import NAMED_S, children_of_this_process, running_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -82,7 +82,7 @@ class Matrix:
         old = self.s.pids()
         self.s.restart()
         self.note()
-        assert not running(old)
+        assert not running_pids(old)
         assert self.s.run("x = torch.ones(1)\ndist.all_reduce(x)\nx.item()").result(1) == "2.0"
         assert self.s.status().note == ""
 
@@ -101,7 +101,7 @@ def matrix() -> Iterator[Matrix]:
     yield m
     m.note()
     m.s.stop()
-    assert not running(sorted(m.pids))
+    assert not running_pids(sorted(m.pids))
     assert not [f for sid in m.sessions for f in glob.glob(boards_pattern(sid))]
 
 
@@ -300,9 +300,9 @@ def test_a_killed_reaper_is_replaced_and_cells_go_on(matrix: Matrix) -> None:
         time.sleep(0.01)
     s.run(f"import os\nif rank == 0:\n    os.kill({reaper.pid}, {int(signal.SIGTERM)})\n")
     deadline = time.monotonic() + 5
-    while not (reaper.restarts == 2 and running([reaper.pid])) and time.monotonic() < deadline:
+    while not (reaper.restarts == 2 and running_pids([reaper.pid])) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert reaper.restarts == 2 and running([reaper.pid]) and s.status().note == ""
+    assert reaper.restarts == 2 and running_pids([reaper.pid]) and s.status().note == ""
     matrix.note()
 
 
@@ -351,7 +351,7 @@ def test_a_process_killed_while_starting_fails_the_start_at_once(
     assert said.format(pid=killed[0]) in str(info.value)
     assert "Nothing is left running" in str(info.value)
     assert time.monotonic() - started < STARTED_S  # named, not waited out
-    assert not running(sorted(set(children_of_this_process()) - before))
+    assert not running_pids(sorted(set(children_of_this_process()) - before))
 
 
 def test_processes_killed_during_stop_and_restart(
@@ -374,7 +374,7 @@ def test_processes_killed_during_stop_and_restart(
     killed = kill_when(monkeypatch, "wait_registered", Role.ENGINE)
     with pytest.raises(SessionError, match="did not start"):
         s.restart()  # the old cluster's stop, then a start whose engine dies
-    assert not running(old) and not running(killed) and not s.running
+    assert not running_pids(old) and not running_pids(killed) and not s.running
     monkeypatch.undo()
     matrix.recover()
 
@@ -401,7 +401,7 @@ def test_a_launcher_that_cannot_start_engines_fails_fast(
         start_session(2, progress=False, register_timeout=2)
     # named (at once, or at the 2 s register timeout), not waiting for the 60 s engine
     assert said in str(info.value) and time.monotonic() - started < 30
-    assert not running(sorted(set(children_of_this_process()) - before))
+    assert not running_pids(sorted(set(children_of_this_process()) - before))
 
 
 def test_a_launchers_output_is_named_after_ipyparallel_removed_its_log(

@@ -22,7 +22,7 @@ import pytest
 
 from distnb.reaper import MARK_VAR, marked
 from distnb.session.control import boards_pattern
-from tests.conftest import plain, running
+from harness.processes import plain, running_pids
 from tests.test_kernel import kernel
 
 __all__ = ["kernel"]  # the fixture: a real kernel, shut down after the test
@@ -102,9 +102,9 @@ def kill_and_check(kernel_pid: int, sig: int, boards: str = "") -> None:
 
 def assert_all_gone(pids: list[int], mark: str, boards: str = "") -> None:
     deadline = time.monotonic() + GONE_S
-    while (running(pids) or marked(mark)) and time.monotonic() < deadline:
+    while (running_pids(pids) or marked(mark)) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not running(pids), [command(psutil.Process(p)) for p in running(pids)]
+    assert not running_pids(pids), [command(psutil.Process(p)) for p in running_pids(pids)]
     assert not marked(mark)
     if boards:
         assert not glob.glob(boards)

@@ -9,7 +9,7 @@ import pytest
 
 import distnb
 from distnb.errors import RankDiedError, SessionError
-from tests.conftest import NAMED_S, running
+from harness.processes import NAMED_S, running_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -22,10 +22,10 @@ def test_stop_leaves_no_process_and_restart_works(capsys: pytest.CaptureFixture[
         assert "rank  host" in status and "gloo" in status
         s.restart()
         second = s.pids()
-        assert not running(first)
+        assert not running_pids(first)
         s.run("print('back', rank)")
         assert "[rank 1] back 1" in capsys.readouterr().out
-    assert not running(second)
+    assert not running_pids(second)
     assert "no cluster running" in repr(s.status())
     with pytest.raises(SessionError, match="%dist_start"):
         s.run("pass")

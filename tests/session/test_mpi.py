@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 import distnb
-from tests.conftest import running
+from harness.processes import running_pids
 
 pytestmark = [
     pytest.mark.cluster,
@@ -41,7 +41,7 @@ def test_mpi_ranks_agree_with_the_process_group(
         assert "[rank 0] rank 0 pg 0 mpi 0" in out
         assert "[rank 1] rank 1 pg 1 mpi 1" in out
         assert "[ranks 0-1] sum 1.0" in out  # the same line on both ranks, once
-    assert not running(pids)
+    assert not running_pids(pids)
     # OpenMPI removes its shared memory in MPI_Finalize, which killed ranks never reach
     assert mapped, "openmpi made no shared-memory segment: nothing was tested"
     assert not set(glob.glob("/dev/shm/*_segment.*")) - before

@@ -23,7 +23,7 @@ from distnb.errors import (
 from distnb.session.cluster.deaths import crash_site
 from distnb.session.runs.scripts import script_request, user_paths
 from distnb.userfiles import is_users, script_paths
-from tests.conftest import plain, running
+from harness.processes import plain, running_pids
 
 if TYPE_CHECKING:
     from distnb.session import Session
@@ -175,7 +175,7 @@ def own_session() -> Iterator[Session]:
     yield s
     pids = s.pids()
     s.stop()
-    assert not running(pids)
+    assert not running_pids(pids)
 
 
 @pytest.mark.check

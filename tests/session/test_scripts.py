@@ -21,7 +21,7 @@ from distnb.errors import (
     RankError,
     RankTimeoutError,
 )
-from tests.conftest import NAMED_S, interrupt_once_created, plain
+from harness.processes import NAMED_S, interrupt_once_created, plain
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

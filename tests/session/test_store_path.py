@@ -16,7 +16,7 @@ import distnb
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, RankDiedError
 from distnb.rank.checked.checker import SHM_VAR
 from distnb.session import Session
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 pytestmark = pytest.mark.cluster
 

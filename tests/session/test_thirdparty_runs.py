@@ -1,6 +1,6 @@
 """Third-party distributed scripts, run unchanged with `%dist_run` in one session of a real
 Jupyter kernel, in two orders, each script twice: each gives the verdict it gives under
-torchrun (`tests/session/thirdparty.py`), whatever ran before it; where torchrun hangs,
+torchrun (`harness/thirdparty.py`), whatever ran before it; where torchrun hangs,
 distnb names the collective the ranks disagree on, at the script's lines (it lies under
 site-packages), and post-mortem opens there."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernel_driver import Frontend, Reply, frontend
-from tests.session.thirdparty import ACCELERATE, VERDICTS, Verdict, script_path
+from harness.kernel_driver import Frontend, Reply, frontend
+from harness.thirdparty import ACCELERATE, VERDICTS, Verdict, script_path
 
 pytestmark = [pytest.mark.cluster, pytest.mark.notebook]
 
@@ -74,7 +74,7 @@ def run_suite(fe: Frontend) -> list[tuple[str, Verdict, float]]:
 def test_third_party_scripts_give_torchruns_verdict_in_any_order_twice(tmp_path: Path) -> None:
     installed = importlib.metadata.version("accelerate")
     assert installed == ACCELERATE, (
-        f"the torchrun verdicts (tests/session/thirdparty.py) are for Accelerate {ACCELERATE}'s "
+        f"the torchrun verdicts (harness/thirdparty.py) are for Accelerate {ACCELERATE}'s "
         f"scripts, and this venv has {installed}: `make .venv/.installed` installs the pinned "
         f"release (constraints.txt); for {installed}, `python bench/torchrun_verdicts.py` "
         "derives them again"

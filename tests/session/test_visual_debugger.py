@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.kernel_driver import Frontend, frontend
+from harness.kernel_driver import Frontend, frontend
 
 pytestmark = pytest.mark.cluster
 

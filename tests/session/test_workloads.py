@@ -17,7 +17,7 @@ import pytest
 import distnb
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, RankError
 from distnb.records.collective import MatchKind
-from tests.conftest import NAMED_S
+from harness.processes import NAMED_S
 
 if TYPE_CHECKING:
     from distnb.session import Session

@@ -1,4 +1,4 @@
-"""Real torchrun jobs for the attach tests: `tests/attach/train.py` under torch's own launcher,
+"""Real torchrun jobs for the attach tests: `harness/train.py` under torch's own launcher,
 through `python -m distnb.run` (with distnb's agent) or plain `torchrun` (without), gloo on CPU,
 in a session of their own so that every process of a job is ended after its test."""
 

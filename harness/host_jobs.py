@@ -1,6 +1,6 @@
 """torchrun jobs on the rehearsal hosts, started as their users start them: `python -m
 distnb.run --nnodes N --node-rank R ...` over ssh on each host, or `srun` inside a Slurm batch
-job; `tests/attach/train.py` on gloo, one interface per host named for gloo (as a cluster's
+job; `harness/train.py` on gloo, one interface per host named for gloo (as a cluster's
 users name theirs: the hosts' names resolve nowhere). Every process of a job carries a mark in
 its environment, so `end` finds and ends them all, whichever host and session they are in."""
 
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.attach.jobs import START_S, TRAIN
-from tests.conftest import NAMED_S
-from tests.multihost.hosts import Host, Lan
+from harness.hosts import Host, Lan
+from harness.jobs import START_S, TRAIN
+from harness.processes import NAMED_S
 
 PYTHON = shlex.quote(sys.executable)
 # the interface a host's route to the kernel leaves from, for gloo (`ip route get`, in a shell)

@@ -1,12 +1,16 @@
 """Processes the tests start, watched and ended: what a kernel, a server or a cluster left.
 
 Shared by the notebook, kernel and browser tests: every test that starts a kernel or a server
-records its descendants while it runs and checks that none outlives it.
+records its descendants while it runs and checks that none outlives it. Also the time a test
+lets a fault take to be named (`NAMED_S`), and Ctrl-C sent once ranks reach the code to
+interrupt (`interrupt_once_created`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shutil
 import signal
 import tempfile
@@ -89,3 +93,56 @@ def remove_kernel_files(pids: Iterable[int]) -> None:
     the cells it is asked about to `<tmp>/ipykernel_<pid>/` and never removes them."""
     for pid in pids:
         shutil.rmtree(Path(tempfile.gettempdir()) / f"ipykernel_{pid}", ignore_errors=True)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# "Named rather than hanging": how long a test lets a fault, mismatch or release take before it
+# fails. Far above the real times (well under 2 s on an idle machine, bench/ measures them) so a
+# loaded machine passes, far below the timeouts the cells set (60 s) or the hang there would be.
+NAMED_S = 30.0
+
+
+def plain(text: str) -> str:
+    """Text without terminal colour codes."""
+    return ANSI.sub("", text)
+
+
+def running_pids(pids: list[int]) -> list[int]:
+    """The pids that still run (a zombie waiting for init to reap it has stopped)."""
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if running(psutil.Process(pid)):
+                alive.append(pid)
+    return alive
+
+
+def children_of_this_process() -> list[int]:
+    return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
+
+
+class Interrupter(threading.Thread):
+    """Sends this process SIGINT (Ctrl-C) once every rank has made `{marker}{rank}`: the ranks
+    are then inside the code to interrupt. `sent` is when it did (None if the ranks never got
+    there). Join it after the interrupted call."""
+
+    def __init__(self, marker: Path, ranks: tuple[int, ...]) -> None:
+        super().__init__(name="interrupter", daemon=True)
+        self.marker, self.ranks = marker, ranks
+        self.sent: float | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 600  # a loaded machine starts ranks' code slowly
+        while not all(Path(f"{self.marker}{r}").exists() for r in self.ranks):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        self.sent = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def interrupt_once_created(marker: Path, ranks: tuple[int, ...]) -> Interrupter:
+    """Start an `Interrupter` (see there)."""
+    thread = Interrupter(marker, ranks)
+    thread.start()
+    return thread

@@ -17,11 +17,10 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import plain
-from tests.kernel_driver import frontend
-from tests.processes import watch_descendants
+from harness.kernel_driver import frontend
+from harness.processes import plain, watch_descendants
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 RAISES = "raises-exception"

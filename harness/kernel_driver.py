@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.processes import remove_kernel_files
+from harness.processes import remove_kernel_files
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

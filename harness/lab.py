@@ -31,9 +31,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.processes import kill, remove_kernel_files, still_running, watch_descendants
+from harness.processes import kill, remove_kernel_files, still_running, watch_descendants
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 NOTEBOOKS = REPO / "notebooks"

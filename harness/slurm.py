@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.multihost.hosts import Host, Lan
+from harness.hosts import Host, Lan
 
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scancel")
 CPUS_PER_NODE = 2  # what each node offers: `-n 4` is 2 tasks on each of two nodes
