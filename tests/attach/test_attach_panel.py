@@ -18,7 +18,7 @@ import pytest
 
 from harness.jobs import TRAIN, Job, job, line_of
 from harness.kernel_driver import ANSI, Frontend, frontend
-from tests.session.test_visual_debugger import Dap, names, switch_on, variables
+from tests.session.debugger.test_visual_debugger import Dap, names, switch_on, variables
 
 pytestmark = [pytest.mark.gloo, pytest.mark.notebook]
 

@@ -14,7 +14,7 @@ from harness.hosts import Lan, missing
 from harness.jobs import START_S, TRAIN
 from harness.kernel_driver import frontend
 from tests.attach.test_attach_panel import BEFORE, Panel, settled, stepped_to_the_gradients
-from tests.session.test_visual_debugger import switch_on
+from tests.session.debugger.test_visual_debugger import switch_on
 
 pytestmark = [
     pytest.mark.multihost,

@@ -8,7 +8,7 @@ import pytest
 
 from harness.hosts import Lan, missing
 from harness.kernel_driver import frontend
-from tests.session.test_visual_debugger import attach, output
+from tests.session.debugger.test_visual_debugger import attach, output
 
 pytestmark = [
     pytest.mark.multihost,

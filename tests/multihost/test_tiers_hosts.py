@@ -2,7 +2,7 @@
 
 Each rehearsal host has its own /dev/shm, network and host name (`hosts.Lan`), so the ranks of a
 host meet in their own shared memory and the two leaders through the kernel's store, signed
-as every value off loopback. tests/session/test_tiers.py covers 8 ranks rehearsed on one
+as every value off loopback. tests/session/cluster/test_tiers.py covers 8 ranks rehearsed on one
 machine (`DISTNB_SHM=k`); this is the same exchange across a network.
 """
 

@@ -1,6 +1,6 @@
 """A cell's output around prompts, without a kernel (terminal IPython, scripts): what was shown
 before a prompt is not printed again, and what a command to several ranks took is theirs.
-(In a kernel: tests/session/test_debug_transcript.py, through a real kernel.)"""
+(In a kernel: tests/session/debugger/test_debug_transcript.py, through a real kernel.)"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.kernel_driver import Frontend, with_ranks
-from tests.session.test_debug_transcript import in_order
+from tests.session.debugger.test_debug_transcript import in_order
 
 pytestmark = pytest.mark.cluster
 

@@ -244,7 +244,7 @@ def test_a_torchrun_script_prints_what_it_prints_under_torchrun(
         theirs = torchrun_output(torchrun, tmp_path, "train.py", "--lr", "0.1", "--steps", "4")
         torchrun_s = time.monotonic() - started
     finally:
-        os.chdir(Path(__file__).resolve().parents[2])
+        os.chdir(Path(__file__).resolve().parents[3])  # the repository, where the run started
     for rank, text in enumerate(theirs):
         assert text, f"torchrun's rank {rank} printed nothing"
         assert rank_lines(ours, rank) == text.splitlines()

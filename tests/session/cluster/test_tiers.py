@@ -4,7 +4,7 @@ host of 8 (where, from `groups.FLAT_MAX` ranks on, members wait for their leader
 `DISTNB_SHM=k` makes each k ranks a rehearsal host: shared memory within, the store between,
 one leader per host (`distnb.rank.checked.exchange.tiered`). A mismatch, a rank that finishes
 without calling, a deadlock across hosts and a death are named as precisely as on one host
-(tests/session/test_checked_cells.py), through the leaders.
+(tests/session/runs/test_checked_cells.py), through the leaders.
 """
 
 from __future__ import annotations

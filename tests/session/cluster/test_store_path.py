@@ -2,7 +2,7 @@
 so fingerprints, waits and releases go through the control plane's store, as across machines.
 
 Waits of minutes, a peer that finishes without coming, a peer that dies: the same outcomes as on
-shared memory (tests/session/test_checked_cells.py), through the store.
+shared memory (tests/session/runs/test_checked_cells.py), through the store.
 """
 
 from __future__ import annotations
