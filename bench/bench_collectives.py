@@ -277,14 +277,14 @@ class _Rig:
     def store_path(self, iters: int, rounds: int) -> dict[str, list[list[int]]]:
         """8-element all_reduce with fingerprints through the store, as across hosts: per mode,
         per round, each iteration's ns. "signed" is checked through the store signed as a
-        control plane off loopback signs it (`distnb.rank.signed`). The modes take turns, each
+        control plane off loopback signs it (`distnb.contract.signed`). The modes take turns, each
         first in turn."""
         import torch
         import torch.distributed as dist
 
+        from distnb.contract.signed import SignedStore
         from distnb.rank import checked
         from distnb.rank.checked import installation
-        from distnb.rank.signed import SignedStore
 
         checker = installation._checker
         assert checker is not None

@@ -21,7 +21,7 @@ first host, a slurmd on each).
 - stranger: a cell of 20 checked all_reduces across the hosts, 0.1 s apart, while something on
   the network overwrites every key of the session with random bytes every few milliseconds
   for the cell's first 2 s (`harness/stranger.py`), against the same cell left alone,
-  in rounds that alternate: what re-posting forged values costs (`distnb.rank.posts`).
+  in rounds that alternate: what re-posting forged values costs (`distnb.contract.posts`).
 - lifeline: one rank on the first host and three on the second, which sleep, spin in Python
   and wait in a collective when the second host's link goes down, and stays down: the time
   from the cut until that host runs no engine or nanny (`distnb.rank.lifeline`), once per

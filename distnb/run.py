@@ -3,8 +3,8 @@
 A thin entry point over torch's own elastic launcher (`torch.distributed.run`, what `torchrun`
 is): it takes torchrun's arguments unchanged, and before handing them over (`host`) it
 
-1. makes the job's run folder (`distnb.jobfolder`: `~/.distnb/runs/<run id>/`, readable by the
-   user alone) with a fresh secret;
+1. makes the job's run folder (`distnb.contract.folders`: `~/.distnb/runs/<run id>/`, readable by
+   the user alone) with a fresh secret;
 2. hosts the job's control plane: a `TCPStore` in this process (its server runs on a native
    thread, so it answers while the launcher waits for its workers), on loopback unless
    `--distnb-host ADDR` names an address, every value in it signed with the secret;
@@ -40,8 +40,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from distnb.contract.folders import Endpoint, JobFolder, run_id
 from distnb.errors import ConfigError
-from distnb.jobfolder import Endpoint, JobFolder, run_id
 from distnb.runplace import Place, join, place
 
 __all__ = [

@@ -27,8 +27,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from distnb.contract.folders import JobFolder, base, run_id
 from distnb.errors import ConfigError
-from distnb.jobfolder import JobFolder, base, run_id
 
 __all__ = ["JOIN_S", "Place", "join", "owns", "place"]
 

@@ -6,8 +6,9 @@ docs/architecture.md, "Layout", says what each package is for; this checks what 
   still a dependency) and imports of a parent package (`import distnb` in a submodule runs
   distnb's `__init__`), leaving out `if TYPE_CHECKING:` blocks; `from P import M` depends on the
   module `P.M` where there is one, and on `P` otherwise;
-- only `rank/` (and its facade `distnb/overflow.py`) imports torch at module level (the kernel
-  imports distnb cheaply; `keys`, `records`, `matching` stay pure); only `session/` (and the
+- only `rank/` (and its facade `distnb/overflow.py`, and the contract's signed store, a torch
+  `Store`) imports torch at module level (the kernel imports distnb cheaply; `contract.keys`,
+  `records`, `judgement` stay pure); only `session/` (and the
   engine's entry point `rank/engine.py`) imports ipyparallel; only `views/` imports ipywidgets
   and matplotlib;
 - modules are sized by cohesion, not folded to fit a bound: no `# fmt: skip` in distnb, and
@@ -107,8 +108,10 @@ def test_torch_is_imported_at_module_level_only_on_ranks() -> None:
         for name, found in heavy_imports_at_module_level("torch").items()
         if found and not name.startswith("distnb.rank")
     }
-    # distnb.overflow is the rank-side facade that user code imports on a rank
-    assert set(outside) <= {"distnb.overflow"}, outside
+    # distnb.overflow is the rank-side facade that user code imports on a rank; the contract's
+    # signed store is a torch `Store`, imported only where a store is at hand (lazily, in the
+    # kernel)
+    assert set(outside) <= {"distnb.overflow", "distnb.contract.signed"}, outside
 
 
 def test_ipyparallel_only_in_session_and_widgets_only_in_views() -> None:

@@ -6,7 +6,7 @@ namespace, `shutdown()` before the engines stop; between cells it asks for what 
 (`scan`, `overflow_*`, `events`, `last_mismatch`, `clock_ns`). `init` binds the engine's IPython
 shell (`distnb.rank.shell`: the rank's names, the kernel's cell numbers, the hooks around each
 cell) and starts the threads that answer the kernel's requests for the rank's live stack
-(`distnb.rank.stacks`), post again what a stranger overwrote (`distnb.rank.posts`) and end the
+(`distnb.rank.stacks`), post again what a stranger overwrote (`distnb.contract.posts`) and end the
 rank once its kernel is gone (`distnb.rank.lifeline`).
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distnb import keys
+from distnb.contract import keys, posts
+from distnb.contract.signed import SignedStore
 from distnb.errors import SessionError
-from distnb.rank import checked, fresh, posts, shell
+from distnb.rank import checked, fresh, shell
 from distnb.rank.lifeline import Lifeline
-from distnb.rank.signed import SignedStore
 from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
 from distnb.rank.world import World

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.rank import checked, debug
 from distnb.rank.world import World
 from distnb.records.cell import RankSpec

@@ -16,11 +16,10 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from distnb import keys
-from distnb.rank import posts
+from distnb.contract import keys, posts
+from distnb.contract.signed import ForgedValueError
 from distnb.rank.checked.callsite import user_paths
 from distnb.rank.shell import cell_of_file
-from distnb.rank.signed import ForgedValueError
 from distnb.userfiles import is_users
 
 __all__ = ["StackServer", "main_stack"]
@@ -67,9 +66,9 @@ class StackServer:
     It has its own store connection (`connect()` makes it, in its thread): a TCPStore client
     serialises its calls, and the main thread's client may be in use by a collective check when
     the kernel asks. It blocks in `wait` (which releases the GIL) rather than polling, so an idle
-    rank costs nothing. A request a stranger overwrote (`distnb.rank.signed`) is waited through
+    rank costs nothing. A request a stranger overwrote (`distnb.contract.signed`) is waited through
     while the kernel posts it again, then passed over (the kernel has given up on it by then);
-    its reply is kept, for the kernel to ask for again (`distnb.rank.posts`).
+    its reply is kept, for the kernel to ask for again (`distnb.contract.posts`).
     """
 
     STOP = "stop"

@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distnb import keys
-from distnb.rank import checked, posts
-from distnb.rank.signed import take_forged
+from distnb.contract import keys, posts
+from distnb.contract.signed import take_forged
+from distnb.rank import checked
 from distnb.rank.torchrun import InitCall, init_difference
 from distnb.records.cell import RankSpec
 
@@ -160,7 +160,7 @@ def _device_text(device_id: torch.device | int | None, own: torch.device) -> str
 
 def _gather_at(store: dist.Store, epoch: int, rank: int, world_size: int) -> None:
     """Wait until every rank has arrived at re-making the group for `epoch` (an arrival a
-    stranger overwrote is asked for again from its rank: `distnb.rank.posts`)."""
+    stranger overwrote is asked for again from its rank: `distnb.contract.posts`)."""
     posts.drop(keys.group_arrival(epoch - 1, rank))  # every rank has made that group
     posts.post(store, keys.group_arrival(epoch, rank), "1")
     names = [keys.group_arrival(epoch, r) for r in range(world_size)]

@@ -1,8 +1,9 @@
 """Beacons: what a rank says about a long wait, readable by the kernel while the rank is blocked.
 
 A rank that waits more than a few milliseconds at a checked collective or receive writes its
-beacon (`distnb.keys.beacon(rank)`): which run it is in, what it waits at and for whom, and its
-fingerprint there. The kernel reads beacons for hang reports and to release ranks that wait for a
+beacon (`distnb.contract.keys.beacon(rank)`): which run it is in, what it waits at and for whom, and
+its fingerprint there. The kernel reads beacons for hang reports and to release ranks that wait for
+a
 peer that will never come (`distnb.session.referee`); peers read them to find deadlocks.
 """
 

@@ -1,9 +1,9 @@
 """What a stopped rank asks the kernel for: a line typed by the user.
 
 A rank's debugger prompt and `input()` both come here: the rank posts an `InputRequest` to the
-control plane (`distnb.keys.ask`), the kernel asks the user through its own stdin and posts the
-answer (`distnb.keys.answer`). Answers are text; two words are the kernel's own, never typed
-text: `QUIT` (the user interrupted the prompt: leave the debugger as `q` does) and `SKIP` (no
+control plane (`distnb.contract.keys.ask`), the kernel asks the user through its own stdin and posts
+the answer (`distnb.contract.keys.answer`). Answers are text; two words are the kernel's own, never
+typed text: `QUIT` (the user interrupted the prompt: leave the debugger as `q` does) and `SKIP` (no
 frontend can answer: carry on as if the breakpoint were not there).
 """
 

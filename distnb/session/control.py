@@ -5,11 +5,11 @@ and the kernel can read any rank's keys at any time, even while that rank is blo
 how the kernel numbers cells on the ranks, fetches live stacks for hang reports and releases
 ranks waiting at a collective that a peer will never reach.
 
-Off loopback a stranger can overwrite any key (`distnb.rank.signed`). What the kernel posts for
+Off loopback a stranger can overwrite any key (`distnb.contract.signed`). What the kernel posts for
 the ranks to read (the cell's note, aborts, answers to prompts, the visual debugger's file name)
 it keeps, and posts again when it finds it forged (`keep`, every `KEEP_EVERY_S` while a run
 waits); what it reads from a rank and finds forged (beacons, requests for input, stacks) it asks
-that rank to post again (`distnb.rank.posts`). Either way it says so on stderr.
+that rank to post again (`distnb.contract.posts`). Either way it says so on stderr.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.debug import InputRequest
 
@@ -40,7 +40,7 @@ class ControlPlane:
             host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
         )
         self.port: int = self._server.port
-        # Off loopback, anyone on the network can reach the store: sign it (distnb.rank.signed).
+        # Off loopback, anyone on the network can reach the store: sign it (distnb.contract.signed).
         self.secret = "" if is_loopback(host) else secrets.token_hex(32)
         self.store: Any = self._signed(self._server)
         self._stack_requests: dict[int, int] = {}
@@ -67,7 +67,7 @@ class ControlPlane:
         store = dist.PrefixStore(self.session_id, connection)
         if not self.secret:
             return store
-        from distnb.rank.signed import SignedStore
+        from distnb.contract.signed import SignedStore
 
         return SignedStore(store, bytes.fromhex(self.secret))
 
@@ -200,10 +200,10 @@ class ControlPlane:
 
 def ask_for_forged(store: Any) -> None:
     """Ask the ranks that wrote the keys `store` read forged to post them again
-    (`distnb.rank.posts`); nothing to do for a store that is not signed."""
+    (`distnb.contract.posts`); nothing to do for a store that is not signed."""
     forged = store.take_forged() if hasattr(store, "take_forged") else []
     if forged:
-        from distnb.rank.posts import ask_again
+        from distnb.contract.posts import ask_again
 
         ask_again(store, forged, "the kernel")
 
@@ -226,7 +226,7 @@ def value_state(store: Any, key: str) -> str:
 
 
 def forged_words(key: str) -> str:
-    from distnb.rank.signed import forged_message
+    from distnb.contract.signed import forged_message
 
     return forged_message(key)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.errors import ConfigError
 from distnb.ranklist import format_ranks
 from distnb.records.cell import EngineProbe, RankInfo, RankSpec

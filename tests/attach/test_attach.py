@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 import distnb
-from distnb import keys
+from distnb.contract import keys
 from distnb.judgement.mismatch import UNCHECKED
 from distnb.records.agent import Stop, dumps_request
 from distnb.records.attach import AgentState

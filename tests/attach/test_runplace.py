@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from distnb.contract.folders import Endpoint, JobFolder
 from distnb.errors import ConfigError
-from distnb.jobfolder import Endpoint, JobFolder
 from distnb.runplace import Place, join, owns, place
 
 TWO = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1"]

@@ -1,5 +1,5 @@
 """The control plane off loopback is signed: a stranger who reaches its port and writes forged
-keys crashes, confuses and runs nothing (distnb.rank.signed)."""
+keys crashes, confuses and runs nothing (distnb.contract.signed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 import distnb
-from distnb import keys
+from distnb.contract import keys
 from distnb.errors import CollectiveMismatchError
 from distnb.session import Session
 from harness.hosts import Lan, missing

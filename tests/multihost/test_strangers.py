@@ -3,7 +3,7 @@
 It reaches the control plane's port and writes random bytes over every key of the session
 (`stranger.Stranger`). The store is signed, so nothing it writes is believed; what this checks
 is that nothing wedges either: a wait on a forged value says so and gets a valid copy again
-(the writer posts it again: `distnb.rank.posts`, `ControlPlane.keep`), or fails at once naming
+(the writer posts it again: `distnb.contract.posts`, `ControlPlane.keep`), or fails at once naming
 the key's role, and the next cell works without a restart.
 """
 

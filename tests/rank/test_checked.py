@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.rank import checked
 from distnb.rank.checked import installation
 from distnb.records.beacon import Beacon, BeaconState

@@ -3,7 +3,7 @@
 The settings come from the worker's environment: the run folder (`DISTNB_ATTACH`, which holds
 the control plane's endpoint and secret) and torchrun's `RANK`, `WORLD_SIZE` and `LOCAL_RANK`.
 Every value the agent writes or reads in the job's store is signed with the run's secret
-(`distnb.rank.signed`), on loopback too: another user of the machine can reach a loopback port.
+(`distnb.contract.signed`), on loopback too: another user of the machine can reach a loopback port.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from distnb import keys
-from distnb.jobfolder import JobFolder
+from distnb.contract import keys
+from distnb.contract.folders import JobFolder
+from distnb.contract.signed import SignedStore
 from distnb.rank.agent import panel
 from distnb.rank.agent.control import Control
 from distnb.rank.agent.entries import GroupMethods
 from distnb.rank.agent.serve import Server
 from distnb.rank.agent.tape import Tape
 from distnb.rank.checked.intercept import Interceptor
-from distnb.rank.signed import SignedStore
 from distnb.records.agent import AgentInfo
 from distnb.run import ATTACH_VAR
 

@@ -14,7 +14,7 @@ debugpy, so its idle cost is unchanged.
   suspension marks the rank stopped (`on_stop`), as at pdb's prompt: the notebook's status
   says so, and the notebook holds its peers before their next collective;
 - `relay` (a rank on another host than the notebook's; `Call` of `RelayTo`): its adapter's
-  connection carried over the job's signed control plane (`distnb.rank.debug.relay`, as for
+  connection carried over the job's signed control plane (`distnb.contract.relay`, as for
   distnb's own ranks on other hosts), on store connections of the agent's (`serve_with`);
 - `untrace` (after `detach`, at the main thread's next safe point): debugpy stops tracing the
   rank, which runs on untraced, as it would have.
@@ -59,7 +59,7 @@ def listen() -> Listening:
 def relay(channel: str) -> None:
     """Connect this rank's adapter to the kernel over the job's control plane, on `channel`
     (the kernel's end is relaying already)."""
-    from distnb.rank.debug.relay import Relay
+    from distnb.contract.relay import Relay
 
     where = listen()
     sock = socket.create_connection((where.host, where.port), timeout=10)

@@ -29,7 +29,7 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.rank.agent.surface import AgentSurface
 from distnb.rank.agent.tape import CORE, GROUP_NAME, MEMBERS
 from distnb.rank.checked.recorder import GROUP, OP, ORIGIN, RANK, SEQ, SITE, entry_event

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch.distributed import DistStoreError
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.rank.agent import frames, panel
 from distnb.rank.debug.ask import Asker
 from distnb.rank.debug.debugger import RankPdb

@@ -26,7 +26,7 @@ made it), `checker`
 control-plane store across hosts), `monitor` (long waits: beacons, the kernel's abort key,
 deadlocks), `wire` (the fingerprint's bytes), `recorder` (events for the timeline). `installation`
 holds this process's runtime (`install`, `uninstall` and the rest of the functions here). The
-store keys are in `distnb.keys`.
+store keys are in `distnb.contract.keys`.
 
 Limits: every rank of a group must run checked (or `unchecked()`) calls alike; the check adds a
 synchronisation point before each collective (a rank cannot start collective n + 1 before its

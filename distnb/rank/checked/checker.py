@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from distnb import judgement, keys
+from distnb import judgement
+from distnb.contract import keys, posts
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, ConfigError
-from distnb.rank import posts
 from distnb.rank.checked import callsite, exchange
 from distnb.rank.checked import origin as origin_of
 from distnb.rank.checked.calls import Call, Core, local

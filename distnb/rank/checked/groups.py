@@ -22,11 +22,10 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 from torch.distributed import distributed_c10d as c10d
 
-from distnb import keys
-from distnb.rank import posts
+from distnb.contract import keys, posts
+from distnb.contract.signed import take_forged
 from distnb.rank.checked import callsite, exchange, wire
 from distnb.rank.checked.monitor import Wait, WaitMonitor
-from distnb.rank.signed import take_forged
 from distnb.records.beacon import WaitKind
 
 __all__ = [
@@ -164,7 +163,7 @@ class Groups:
         """A two-level exchange (`exchange.tiered`): a shared-memory board per host (named after
         the host's first member, since hosts rehearsed on one machine share /dev/shm), and the
         leaders' and the details' boards in the store. Each store board says whose each ring is,
-        so that a slot read forged is asked again of its writer (`distnb.rank.posts`)."""
+        so that a slot read forged is asked again of its writer (`distnb.contract.posts`)."""
         mine = next(h for h in hosts if index in h)
         local = f"c-{name}-h{members[mine[0]]}"
         path = exchange.shm_path(self.session_id, f"{self.generation}-{local}")

@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 
 from torch._C._distributed_c10d import Store
 
-from distnb import judgement, keys
+from distnb import judgement
+from distnb.contract import keys, posts
+from distnb.contract.signed import take_forged
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
-from distnb.rank import posts
 from distnb.rank.checked import callsite
-from distnb.rank.signed import take_forged
 from distnb.ranklist import GROUP_FROM, format_ranks
 from distnb.records.beacon import Beacon, BeaconState, WaitKind
 from distnb.records.collective import CallSite, Fingerprint, Mismatch

@@ -15,8 +15,7 @@ from typing import Any
 
 from torch.distributed import DistStoreError
 
-from distnb import keys
-from distnb.rank import posts
+from distnb.contract import keys, posts
 from distnb.rank.debug.stops import begin_run as begin_stops
 from distnb.rank.debug.stops import stopped
 from distnb.records.beacon import Beacon, BeaconState

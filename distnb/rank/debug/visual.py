@@ -21,7 +21,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.rank.debug.stops import stopped
 
 __all__ = ["connected", "listen", "name_cell", "stop_here", "suspend_at", "trace_cells"]

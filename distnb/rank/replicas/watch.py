@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.errors import ReplicasDivergedError
 from distnb.rank.checked import exchange
 from distnb.rank.replicas.digest import digests

@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from distnb.contract.folders import JobFolder, base
 from distnb.errors import ConfigError, SessionError
-from distnb.jobfolder import JobFolder, base
 from distnb.session.attach import procs, remote
 from distnb.session.attach.job import AttachedJob
 from distnb.session.attach.link import Link

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.errors import ConfigError, SessionError
 from distnb.records.agent import (
     Call,

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from distnb.contract.folders import JobFolder
 from distnb.errors import ConfigError, SessionError
-from distnb.jobfolder import JobFolder
 from distnb.judgement import snapshot
 from distnb.ranklist import RankArg, rank_arg
 from distnb.records.agent import (

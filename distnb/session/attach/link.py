@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from distnb import keys
+from distnb.contract import keys
+from distnb.contract.folders import Endpoint
 from distnb.errors import SessionError
-from distnb.jobfolder import Endpoint
 from distnb.records.agent import AgentInfo, AgentRequest, Reply, dumps_request, loads_reply
 
 __all__ = ["Link"]
@@ -56,7 +56,7 @@ class Link:
     def client(self) -> Any:
         import torch.distributed as dist
 
-        from distnb.rank.signed import SignedStore
+        from distnb.contract.signed import SignedStore
 
         e = self.endpoint
         raw = dist.TCPStore(e.host, e.port, is_master=False, timeout=self._timeout)

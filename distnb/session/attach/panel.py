@@ -9,7 +9,7 @@ scopes, variables (tensors as dtype, shape, device and a preview), and `next`, `
   is asked to start debugpy (a `Call` of `Listen`, `distnb.rank.agent.panel`: only now, so an agent
   never asked never imports it), on its loopback, as distnb's own ranks do: debugpy has no
   authentication. The kernel connects to it (`links.ready`): directly on this machine, through
-  the job's signed control plane from another host (`distnb.rank.debug.relay`, the rank's end
+  the job's signed control plane from another host (`distnb.contract.relay`, the rank's end
   on the agent's store connections), sets the breakpoints the notebook
   set on that rank (`job.breakpoint`), now debugpy's, and hands the rank over (`Panel`): pdb
   lets go and the rank suspends in debugpy at the line it stopped at;
@@ -115,7 +115,7 @@ class JobPanel:
         job's signed control plane (debugpy listens on the rank's loopback only)."""
         if _here(self.job, rank):
             return socket.create_connection((where.host, where.port), timeout=10)
-        from distnb.rank.debug.relay import Relay  # the rank's package: loaded only here
+        from distnb.contract.relay import Relay  # the rank's package: loaded only here
 
         channel = f"{rank}-{secrets.token_hex(4)}"
         ours, theirs = socket.socketpair()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.records.cell import RankState
 from distnb.records.debug import InputRequest
 

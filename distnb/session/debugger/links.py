@@ -2,7 +2,7 @@
 
 debugpy listens on the rank's loopback (it has no authentication): a rank on this machine is
 reached directly, a rank on another host through the signed control plane
-(`distnb.rank.debug.relay`). The connection is initialized and attached as a frontend would,
+(`distnb.contract.relay`). The connection is initialized and attached as a frontend would,
 with the breakpoints the frontend has set.
 """
 
@@ -88,7 +88,7 @@ def _socket(
     """Straight to the adapter on this machine; on another host, relayed."""
     if info.here:
         return socket.create_connection((host, port), timeout=10)
-    from distnb.rank.debug.relay import Relay, connect_adapter
+    from distnb.contract.relay import Relay, connect_adapter
 
     channel = f"{info.rank}-{secrets.token_hex(4)}"
     ours, theirs = socket.socketpair()

@@ -9,7 +9,7 @@ code never runs. `VisualDebugger` stands in front of ipykernel's debugger (`inst
   frontend's breakpoints, and tells the ranks the file name the frontend knows the cell by: the
   ranks compile the cell under it, so gutter breakpoints stop them and the frontend highlights
   their line in the cell. debugpy listens on the rank's loopback (it has no authentication); a
-  rank on another host is reached through the signed control plane (`distnb.rank.debug.relay`).
+  rank on another host is reached through the signed control plane (`distnb.contract.relay`).
 - Every `%%allranks` cell, debugger on or off, is run on the ranks under the file name the
   frontend knows the cell by (`cell_file`: ipykernel's name for the raw cell), so a frame in a
   function of any earlier cell shows in that cell; the relay answers `source` for those files.
@@ -44,7 +44,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from distnb import keys
+from distnb.contract import keys
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.session.debugger import links
 from distnb.session.debugger.cells import CellFiles

@@ -1,8 +1,9 @@
 """The kernel's referee: releases ranks that wait at a collective a peer will never reach.
 
 A rank that waits longer than a few milliseconds at a checked collective writes its **beacon**
-(`distnb.keys.beacon(rank)`: the group, seq, op, call site and the ranks it waits for). While a
-cell runs, the kernel looks at the beacons whenever a rank has finished, failed or died and others
+(`distnb.contract.keys.beacon(rank)`: the group, seq, op, call site and the ranks it waits for).
+While a cell runs, the kernel looks at the beacons whenever a rank has finished, failed or died and
+others
 still run. If a running rank waits for one that is done, the kernel writes the run's abort key
 (`ControlPlane.abort`) with the reason, and every waiter raises `CollectiveDesyncError` at once
 instead of hanging until the process group's timeout.

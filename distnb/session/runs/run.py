@@ -14,7 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from distnb import errors, keys
+from distnb import errors
+from distnb.contract import keys
 from distnb.judgement.circles import held_up_by
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import BeaconState

@@ -5,7 +5,7 @@ so their number is bounded.
 
 Off loopback the store is signed, and a stranger can overwrite a slot after its writer posted
 it: the writer, gone on to the collective itself, would never post it again, and its readers
-would wait for ever. So a signed board keeps what it posts (`distnb.rank.posts`), and a reader
+would wait for ever. So a signed board keeps what it posts (`distnb.contract.posts`), and a reader
 that finds a forged slot asks its writer to post it again; a stamp that is already older or
 newer than the one awaited reads as ever (not yet, or lapped), so a late copy is harmless. A
 slot seen before and deleted since (`multi_get` waits for a missing key until the store's
@@ -22,10 +22,9 @@ from typing import cast
 from torch._C._distributed_c10d import Store
 from torch.distributed import DistStoreError
 
-from distnb import keys
-from distnb.rank import posts
+from distnb.contract import keys, posts
+from distnb.contract.signed import SignedStore
 from distnb.rank.checked.exchange.board import LAPPED, backoff_s
-from distnb.rank.signed import SignedStore
 
 __all__ = ["StoreBoard"]
 

@@ -3,7 +3,7 @@
 debugpy's adapter on a rank listens on loopback only: it has no authentication, so it must not
 listen on a network. The kernel reaches a rank of its own machine there directly; a rank on
 another host it reaches through the control plane, which is signed off loopback
-(`distnb.rank.signed`). On each side a `Relay` pumps a socket's bytes into numbered keys of the
+(`distnb.contract.signed`). On each side a `Relay` pumps a socket's bytes into numbered keys of the
 store (`keys.dap`), and the other side's keys into the socket: on the rank the socket is a
 connection to its adapter, in the kernel one end of a socket pair whose other end is the
 `DapClient`'s. Either side closing its socket ends the other's, through a last key that says so.
@@ -12,7 +12,7 @@ Each key is read once and deleted.
 Each direction has a store client of its own: a client waiting for the next key holds its
 connection, which would delay the other direction's writes. No torch here: the kernel uses it.
 
-A forged piece where the receiver reads next (`distnb.rank.signed`) is waited through for
+A forged piece where the receiver reads next (`distnb.contract.signed`) is waited through for
 `GRACE_S`: a stranger who wrote it before the sender did is overwritten by the genuine piece.
 One still forged then was written over the genuine piece: those bytes are gone, and the debug
 protocol cannot skip them, so the connection ends, saying so on stderr; the kernel connects
@@ -29,7 +29,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from distnb import keys
+from distnb.contract import keys
 
 __all__ = ["Relay", "connect_adapter"]
 

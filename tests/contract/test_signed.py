@@ -1,5 +1,5 @@
 """The signed control plane against a stranger, in one process: a real TCPStore, a stranger's
-raw client, the session's signed clients, and the re-post thread (`distnb.rank.posts`)."""
+raw client, the session's signed clients, and the re-post thread (`distnb.contract.posts`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from distnb import keys
-from distnb.rank import posts
+from distnb.contract import keys, posts
+from distnb.contract.signed import ForgedValueError, SignedStore, take_forged
 from distnb.rank.checked.exchange import StoreBoard, collect
-from distnb.rank.signed import ForgedValueError, SignedStore, take_forged
 from harness.processes import NAMED_S
 
 SECRET = b"s" * 32

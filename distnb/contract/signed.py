@@ -9,8 +9,8 @@ kernel per session and reaches the ranks in their `RankSpec`, through ipyparalle
 messages, never through the store.
 
 A value whose tag does not verify was written by something that does not hold the secret: a
-**forged** value. Nothing is decoded from it, and none is waited on in silence (`distnb.keys`
-says what each key's reader does about one):
+**forged** value. Nothing is decoded from it, and none is waited on in silence
+(`distnb.contract.keys` says what each key's reader does about one):
 
 - `get` and `wait` raise `ForgedValueError` at once, naming the key's role, but for keys the
   kernel posts again while they may be read (`keys.kept_by_kernel`): there they wait for the
@@ -18,7 +18,7 @@ says what each key's reader does about one):
 - `check` says False and `multi_get` gives `b""` for it, as for a key not posted yet (boards read
   that as "not posted", beacon readers skip it), and the store notes the key: `take_forged`
   gives the keys seen forged since it was last asked, to callers that ask the writer to post
-  again (`distnb.rank.posts`).
+  again (`distnb.contract.posts`).
 
 So a stranger who overwrites keys can delay the session while it keeps writing, and makes a
 cell fail only where a value was written once by code distnb does not own, but cannot make a
@@ -40,7 +40,7 @@ from typing import Any, cast
 
 import torch.distributed as dist
 
-from distnb import keys
+from distnb.contract import keys
 
 __all__ = ["TAG_BYTES", "ForgedValueError", "SignedStore", "forged_message", "take_forged"]
 

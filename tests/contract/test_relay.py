@@ -12,10 +12,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from distnb import keys
-from distnb.rank.debug import relay
-from distnb.rank.debug.relay import Relay
-from distnb.rank.signed import SignedStore
+from distnb.contract import keys, relay
+from distnb.contract.relay import Relay
+from distnb.contract.signed import SignedStore
 from harness.processes import NAMED_S
 
 SECRET = os.urandom(32)

@@ -5,7 +5,7 @@
 - `endpoint.json`: the address and port of the job's control plane (a TCPStore the launcher
   hosts), the run id (the store's prefix), the launcher's host and pid, when it started and its
   command line;
-- `secret`: the key every value in that store is signed with (`distnb.rank.signed`), readable by
+- `secret`: the key every value in that store is signed with (`distnb.contract.signed`), readable by
   the user alone (mode 0600, in a 0700 folder): whoever can read it can attach, nobody else;
 - `ended` once the launcher has returned (its exit status).
 

@@ -23,7 +23,7 @@ Who writes what (values in brackets):
   debugger is attached to the ranks: the file name the frontend knows the cell by; each rank
   compiles the cell under it.
 - `debug/dap/<channel>/<to kernel|to rank>/<n>` [a chunk of bytes]: the n-th piece of a debug
-  adapter connection between the kernel and a rank on another host (`distnb.rank.debug.relay`);
+  adapter connection between the kernel and a rank on another host (`distnb.contract.relay`);
   read once and deleted.
 - `replicas/...` [stamped digests, tensors, reports]: the boards of replica checks and of watches
   that raise (`replicas`).
@@ -31,9 +31,9 @@ Who writes what (values in brackets):
 - `check/fp/...`, `check/big/...` [stamped fingerprints]: fingerprint slots of groups that span
   hosts and of fingerprints too big for shared memory (`board`, `spill`, `slot`).
 - `repost/<rank>` [a key]: a peer, or the kernel, that read a forged value under a key `rank`
-  wrote asks it to post that key's value again (`distnb.rank.posts`).
+  wrote asks it to post that key's value again (`distnb.contract.posts`).
 
-Off loopback every value is signed (`distnb.rank.signed`), and a value that fails verification
+Off loopback every value is signed (`distnb.contract.signed`), and a value that fails verification
 was written by something that does not hold the session's secret: a **forged** value. None is
 waited on in silence. What each key's reader does about one (`role` names the key in messages):
 
@@ -133,7 +133,7 @@ def endpoint(rank: int) -> str:
 
 def ask_count(rank: int) -> str:
     """How many times `rank` has asked for input (written by that rank alone: no counter a
-    stranger on the network could break, see `distnb.rank.signed`)."""
+    stranger on the network could break, see `distnb.contract.signed`)."""
     return f"{_DEBUG}/count/{rank}"
 
 

@@ -1,8 +1,9 @@
 """What this rank posted that others may still read, posted again when a reader asks.
 
 Off loopback anyone who reaches the control plane's port can overwrite any key
-(`distnb.rank.signed`). A peer, or the kernel, that waits for a key this rank wrote once (its host
-identity, a fingerprint slot, its beacon, a request for input, a stack) would then read a forged
+(`distnb.contract.signed`). A peer, or the kernel, that waits for a key this rank wrote once (its
+host identity, a fingerprint slot, its beacon, a request for input, a stack) would then read a
+forged
 value for ever. So this rank keeps the last value of each such key, before it posts it
 (`post`), and a thread of its own (`Reposter`) posts a key again when a reader asks
 (`keys.repost(rank)`, whose value names the key): a thread, because the rank's main thread may
@@ -29,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from distnb import keys
-from distnb.rank.signed import ForgedValueError, forged_message
+from distnb.contract import keys
+from distnb.contract.signed import ForgedValueError, forged_message
 
 __all__ = [
     "ASK_EVERY_S",
