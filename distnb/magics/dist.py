@@ -133,8 +133,8 @@ class DistMagics(Magics):
         if self.session is None:
             raise UsageError("nothing to restart: start a cluster with %dist_start")
         session = self.session.restart()
-        if session.last_stop is not None and session.last_stop.not_reached:
-            print("\n".join(f"distnb: {line}" for line in str(session.last_stop).splitlines()))
+        if session.last_teardown is not None and session.last_teardown.not_reached:
+            print("\n".join(f"distnb: {line}" for line in str(session.last_teardown).splitlines()))
         return session.status()
 
     @magic_arguments()

@@ -15,7 +15,7 @@ from enum import Enum
 from distnb.records.codec import Record
 from distnb.records.collective import CallSite, CollectiveEvent, Fingerprint
 
-__all__ = ["AgentState", "Frame", "OpenCall", "RankSnapshot"]
+__all__ = ["AgentState", "OpenCall", "RankSnapshot", "StackFrame"]
 
 
 class AgentState(str, Enum):
@@ -28,7 +28,7 @@ class AgentState(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Frame(Record):
+class StackFrame(Record):
     """One frame of a stack: `file:line` in `function`, and the line's text."""
 
     file: str
@@ -76,7 +76,7 @@ class RankSnapshot(Record):
     current: OpenCall | None = None
     last: CollectiveEvent | None = None
     calls: tuple[tuple[str, int], ...] = ()
-    stack: tuple[Frame, ...] = ()
+    stack: tuple[StackFrame, ...] = ()
     where: str = ""
     source: str = "agent"
 

@@ -26,7 +26,7 @@ from distnb.session import automode, data, inspection, replicas, status
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
 from distnb.session.cluster.launch import Ended, port_taken
-from distnb.session.cluster.stopped import StopReport, stop_report
+from distnb.session.cluster.teardown import TeardownReport, teardown_report
 from distnb.session.control import ControlPlane, boards_pattern
 from distnb.session.joining import join
 from distnb.session.options import Options, check_timeout
@@ -55,7 +55,7 @@ class Session:
         self._runs = 0  # runs so far: the last one's run id
         self.pdb = False  # open the debugger on the first failing rank when a run fails
         self._failed: RankError | None = None  # the last run's error, while ranks keep it
-        self.last_stop: StopReport | None = None  # what the last `restart` stopped
+        self.last_teardown: TeardownReport | None = None  # what the last `restart` stopped
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ class Session:
         status.prepare(self)  # OOM counts; outside Jupyter, text widgets on ranks
         self.referee = DesyncReferee(self._control)
 
-    def stop(self) -> StopReport:
+    def stop(self) -> TeardownReport:
         """Stop every rank, the controller and the control plane; leave no process behind.
 
         Returns what was stopped, host by host, and the ranks on hosts that did not answer
@@ -111,8 +111,8 @@ class Session:
         self.ranks, self._broken = (), ""  # a new cluster starts whole (start may run cells)
         _live.discard(self)
         if ended is None:
-            return stop_report((), (), 0)
-        return stop_report(ranks, ended.silent, ended.processes, ended.left)
+            return teardown_report((), (), 0)
+        return teardown_report(ranks, ended.silent, ended.processes, ended.left)
 
     def _teardown(self) -> Ended | None:
         ended = None
@@ -129,8 +129,8 @@ class Session:
 
     def restart(self) -> Session:
         """Stop, then start again with the same options (the fix after a rank died or hung);
-        what the stop did is on `last_stop`."""
-        self.last_stop = self.stop()
+        what the stop did is on `last_teardown`."""
+        self.last_teardown = self.stop()
         return self.start()
 
     def __enter__(self) -> Session:

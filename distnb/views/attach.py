@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from distnb.ranklist import format_ranks
-from distnb.records.attach import Frame, RankSnapshot
+from distnb.records.attach import RankSnapshot, StackFrame
 from distnb.views._format import HEADING_STYLE, WARN_ROW_BG, Row, esc, html_block, html_table
 from distnb.views._format import text_table as _text_table
 
@@ -22,7 +22,9 @@ _VERDICT_STYLE = "font-family:monospace;white-space:pre-wrap;color:#b3261e;margi
 _STACK_STYLE = "font-family:monospace;white-space:pre;font-size:12px;margin:2px 0 8px"
 
 
-def group_stacks(snapshots: Sequence[RankSnapshot]) -> list[tuple[list[int], tuple[Frame, ...]]]:
+def group_stacks(
+    snapshots: Sequence[RankSnapshot],
+) -> list[tuple[list[int], tuple[StackFrame, ...]]]:
     """(ranks, stack) for each distinct stack (by file, line and function), largest group
     first."""
     groups: dict[tuple[tuple[str, int, str], ...], list[RankSnapshot]] = {}
@@ -82,7 +84,7 @@ class JobView:
         return "".join(parts)
 
 
-def _user_frame(stack: Sequence[Frame]) -> Frame | None:
+def _user_frame(stack: Sequence[StackFrame]) -> StackFrame | None:
     """The innermost frame outside torch (where the job's code called in), else the innermost."""
     for f in reversed(stack):
         if "/torch/" not in f.file.replace("\\", "/") and not f.file.startswith("<frozen"):
@@ -93,7 +95,7 @@ def _user_frame(stack: Sequence[Frame]) -> Frame | None:
 _DEPTH = 12  # innermost frames shown per stack
 
 
-def _frame_lines(stack: Sequence[Frame]) -> list[str]:
+def _frame_lines(stack: Sequence[StackFrame]) -> list[str]:
     """The innermost `_DEPTH` frames, without the import machinery's."""
     shown = [f for f in stack if not f.file.startswith("<frozen")]
     lines = [f"  ... {len(shown) - _DEPTH} outer frames"] if len(shown) > _DEPTH else []

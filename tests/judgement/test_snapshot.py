@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from distnb.judgement import snapshot
 from distnb.judgement.mismatch import UNCHECKED
-from distnb.records.attach import AgentState, Frame, OpenCall, RankSnapshot
+from distnb.records.attach import AgentState, OpenCall, RankSnapshot, StackFrame
 from distnb.records.collective import CallSite, CollectiveEvent, Fingerprint, TensorSpec
 
 SITE = CallSite("train.py", 52)
-ELSEWHERE = Frame("train.py", 62, "main", "time.sleep(3600)")
+ELSEWHERE = StackFrame("train.py", 62, "main", "time.sleep(3600)")
 
 
 def call(rank: int, seq: int, op: str = "all_reduce", age_s: float = 0.0, shape=(8,)) -> OpenCall:

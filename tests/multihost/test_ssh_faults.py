@@ -13,7 +13,7 @@ import pytest
 from distnb.errors import DistnbWarning, RankDiedError, SessionError
 from distnb.session import Session
 from distnb.session.cluster.members import LEFT_CLUSTER
-from distnb.session.cluster.stopped import LIFELINE_BOUND_S
+from distnb.session.cluster.teardown import LIFELINE_BOUND_S
 from distnb.session.joining import CONNECT_S
 from harness.hosts import Host, Lan, missing
 from harness.processes import NAMED_S

@@ -9,7 +9,7 @@ imported torch), it is small and passive:
 - `serve`: a daemon thread that answers the notebook's requests through the job's signed
   control plane (a PULL model: nothing is written to the store per collective, an idle rank
   costs a blocked thread), from the tape and the main thread's live stack;
-- `control`: stopping on request, at the next collective or step boundary, or at a breakpoint
+- `safepoints`: stopping on request, at the next collective or step boundary, or at a breakpoint
   set from the notebook, in distnb's rank debugger (`distnb.rank.debug`), its prompts answered
   in the notebook; holding peers before their next collective meanwhile; detaching.
 

@@ -23,8 +23,8 @@ from distnb.contract import keys
 from distnb.contract.folders import JobFolder
 from distnb.contract.signed import SignedStore
 from distnb.rank.agent import panel
-from distnb.rank.agent.control import Control
 from distnb.rank.agent.entries import GroupMethods
+from distnb.rank.agent.safepoints import SafePoints
 from distnb.rank.agent.serve import Server
 from distnb.rank.agent.tape import Tape
 from distnb.rank.checked.intercept import Interceptor
@@ -37,7 +37,7 @@ PID_VAR = "DISTNB_AGENT_PID"  # the process the agent runs in: its children star
 
 
 class Agent:
-    """One rank's agent: `tape` (its collectives), `control` (stops), `server` (answers)."""
+    """One rank's agent: `tape` (its collectives), `safepoints` (stops), `server` (answers)."""
 
     def __init__(self, folder: Path, rank: int, world_size: int, local_rank: int) -> None:
         job = JobFolder(folder)
@@ -48,7 +48,7 @@ class Agent:
         self.tape = Tape(rank)
         self.interceptor = Interceptor()
         self.store: Any = None
-        self.control: Control | None = None
+        self.safepoints: SafePoints | None = None
 
     @classmethod
     def from_environment(cls) -> Agent:
@@ -74,7 +74,7 @@ class Agent:
     def start(self) -> None:
         os.environ[PID_VAR] = str(os.getpid())
         self.store = self.connect()
-        self.control = Control(self)
+        self.safepoints = SafePoints(self)
         panel.serve_with(self.connect)  # JupyterLab's panel from another host, if asked
         register_optimizer_step_post_hook(self._stepped)
         self.interceptor.install(self.tape.record, self.tape.record)
@@ -87,6 +87,6 @@ class Agent:
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step = (self.step or 0) + 1
-        control = self.control
-        if control is not None and control.armed:
-            control.at_step()
+        points = self.safepoints
+        if points is not None and points.armed:
+            points.at_step()

@@ -78,7 +78,7 @@ def suspend(frame: FrameType, on_stop: OnStop) -> None:
 
 def _reported(on_stop: OnStop) -> None:
     """Each suspension of the main thread by debugpy calls `on_stop(True, where)` before and
-    `on_stop(False, "")` after (once per process: the agent's control is one)."""
+    `on_stop(False, "")` after (once per process: the agent's safe points are one)."""
     py_db = sys.modules["pydevd"].get_global_debugger()
     wait = py_db.do_wait_suspend
     if getattr(wait, "_agent", False):

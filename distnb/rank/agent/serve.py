@@ -11,7 +11,7 @@ Requests are the records of `distnb.records.agent` (`AgentRequest`), answered wi
 - `Status`: a `RankSnapshot` with the live stack of the main thread;
 - `Events` (`last`): the last collectives, each a `Recorded` (with its fingerprint);
 - `Stop` (`at`: a collective or a step), `Hold`, `Release`, `Break` (`file`, `line`, `cond`),
-  `Detach`: noted for the main thread (`control`). A breakpoint's file and line are checked
+  `Detach`: noted for the main thread (`safepoints`). A breakpoint's file and line are checked
   here, so a wrong one is refused at once with what is there; the file found is the reply
   (with `check`, the breakpoint is only checked: JupyterLab's panel sets it in the rank's
   debugpy).
@@ -48,10 +48,10 @@ from distnb.records.agent import (
     dumps_reply,
     loads_request,
 )
-from distnb.records.attach import AgentState, Frame, OpenCall, RankSnapshot
+from distnb.records.attach import AgentState, OpenCall, RankSnapshot, StackFrame
 
 if TYPE_CHECKING:
-    from distnb.rank.agent.control import Control
+    from distnb.rank.agent.safepoints import SafePoints
 
 __all__ = ["Server", "check_line", "find_file", "main_stack"]
 
@@ -62,9 +62,9 @@ _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Served(AgentSurface, Protocol):
-    """The agent as its server sees it: its surface and its control."""
+    """The agent as its server sees it: its surface and its safe points."""
 
-    control: Control | None
+    safepoints: SafePoints | None
 
 
 class Server(threading.Thread):
@@ -105,34 +105,34 @@ class Server(threading.Thread):
 
     def handle(self, request: AgentRequest) -> Any:
         """The JSON-able value that answers `request`."""
-        control = self.agent.control
-        assert control is not None
+        points = self.agent.safepoints
+        assert points is not None
         match request:
             case Status():
                 return self.snapshot().to_dict()
             case Events(last=last):
                 return [r.to_dict() for r in self.events(last)]
             case Stop(at=at):
-                control.request_stop(at)
+                points.request_stop(at)
             case Hold():
-                control.hold()
+                points.hold()
             case Release():
-                control.release()
+                points.release()
             case Break(file=name, line=line, cond=cond, check=check):
                 file = find_file(name)
                 check_line(file, line)
                 if not check:  # the panel sets it, in debugpy
-                    control.add_break(file, line, cond or None)
+                    points.add_break(file, line, cond or None)
                 return file
             case Detach():
-                control.detach()
+                points.detach()
         return None
 
     def snapshot(self) -> RankSnapshot:
         agent = self.agent
-        tape, control = agent.tape, agent.control
-        assert control is not None
-        state, current = control.state, None
+        tape, points = agent.tape, agent.safepoints
+        assert points is not None
+        state, current = points.state, None
         found = tape.current()
         if found is not None:
             entry, age = found
@@ -161,7 +161,7 @@ class Server(threading.Thread):
             last=finished[-1] if finished else None,
             calls=tuple(sorted(tape.calls().items())),
             stack=main_stack(),
-            where=control.where,
+            where=points.where,
         )
 
     def events(self, last: int) -> list[Recorded]:
@@ -188,13 +188,13 @@ def _fingerprint(tape: Any, entry: list[Any]) -> Any:
     )
 
 
-def main_stack() -> tuple[Frame, ...]:
+def main_stack() -> tuple[StackFrame, ...]:
     """The main thread's stack, outermost first, without distnb's own frames."""
     frame = sys._current_frames().get(_MAIN.ident or -1)
     if frame is None:
         return ()
     return tuple(
-        Frame(e.filename, e.lineno or 0, e.name, (e.line or "").strip())
+        StackFrame(e.filename, e.lineno or 0, e.name, (e.line or "").strip())
         for e in traceback.extract_stack(frame)
         if not e.filename.startswith(_OWN)
     )

@@ -1,6 +1,6 @@
 """What the agent's parts use of the agent: its surface, as a Protocol.
 
-`core.Agent` makes the parts (`control.Control`, `serve.Server`) and hands itself to them.
+`core.Agent` makes the parts (`safepoints.SafePoints`, `serve.Server`) and hands itself to them.
 Typed against this surface rather than the class, they depend on what an agent offers, not on
 the module that makes one, and `core` and they do not import each other.
 """
@@ -16,7 +16,7 @@ __all__ = ["AgentSurface"]
 
 
 class AgentSurface(Protocol):
-    """The attributes of `distnb.rank.agent.core.Agent` that its control and server use."""
+    """The attributes of `distnb.rank.agent.core.Agent` that its safe points and server use."""
 
     rank: int
     world_size: int

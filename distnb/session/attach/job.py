@@ -7,7 +7,7 @@ its GIL held in native code), with its py-spy stack where py-spy is installed an
 this machine.
 
 Driving (`stop`, `breakpoint`, `debug`, `run`, `detach`) goes through the agents' control
-(`distnb.rank.agent.control`): stopped ranks' prompts are served by the text debugger's desk,
+(`distnb.rank.agent.safepoints`): stopped ranks' prompts are served by the text debugger's desk,
 or handed to JupyterLab's debugger panel (`panel`), peers are held before their next collective
 while a rank is stopped, and `detach` lets every rank go on exactly as it would have.
 """

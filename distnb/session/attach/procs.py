@@ -24,7 +24,7 @@ from pathlib import Path
 
 from distnb.errors import ConfigError
 from distnb.ranklist import format_ranks
-from distnb.records.attach import AgentState, Frame, RankSnapshot
+from distnb.records.attach import AgentState, RankSnapshot, StackFrame
 
 __all__ = ["NEEDS_AGENT", "find_ranks", "pyspy", "pyspy_stack", "stack_verdicts"]
 
@@ -45,7 +45,7 @@ def pyspy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def pyspy_stack(pid: int) -> tuple[Frame, ...]:
+def pyspy_stack(pid: int) -> tuple[StackFrame, ...]:
     """The main thread's stack of process `pid`, outermost first; () without py-spy or access."""
     exe = pyspy()
     if exe is None:
@@ -65,7 +65,7 @@ def pyspy_stack(pid: int) -> tuple[Frame, ...]:
     if main is None and threads:
         main = threads[0]
     frames = main["frames"] if main else []
-    return tuple(Frame(f["filename"], int(f["line"]), f["name"]) for f in reversed(frames))
+    return tuple(StackFrame(f["filename"], int(f["line"]), f["name"]) for f in reversed(frames))
 
 
 def find_ranks(run: str | None = None) -> list[tuple[int, dict[str, str]]]:
@@ -146,7 +146,7 @@ def stack_verdicts(snaps: Sequence[RankSnapshot]) -> list[str]:
     return out
 
 
-def _collective(stack: Sequence[Frame]) -> tuple[str, str] | None:
+def _collective(stack: Sequence[StackFrame]) -> tuple[str, str] | None:
     """(the torch.distributed function a stack is in, the caller's line), if any."""
     for i, f in enumerate(stack):
         if f.file.endswith(_COLLECTIVES) and f.function not in ("wrapper",) and i > 0:

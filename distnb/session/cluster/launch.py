@@ -29,7 +29,7 @@ from distnb.reaper import MARK_VAR, Reaper, marked
 from distnb.session.cluster import processes
 from distnb.session.cluster.engines import EngineKind
 from distnb.session.cluster.members import Member, Members, describe
-from distnb.session.cluster.stopped import LIFELINE_BOUND_S
+from distnb.session.cluster.teardown import LIFELINE_BOUND_S
 
 __all__ = ["Cluster", "Ended", "port_taken"]
 

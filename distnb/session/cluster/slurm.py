@@ -28,7 +28,7 @@ from typing import Any
 
 from distnb.errors import ConfigError, warn
 from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, EngineKind, engine_command
-from distnb.session.cluster.stopped import LIFELINE_BOUND_S
+from distnb.session.cluster.teardown import LIFELINE_BOUND_S
 from distnb.session.control import is_loopback
 
 __all__ = ["Slurm", "allocation", "parse_args", "shared_folder", "waiting"]

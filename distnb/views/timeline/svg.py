@@ -33,7 +33,7 @@ _ids = itertools.count()  # pattern ids must be unique per page: several SVGs ca
 
 
 @dataclass(frozen=True, slots=True)
-class Frame:
+class Geometry:
     """Pixel geometry of one drawing."""
 
     width: int
@@ -99,13 +99,13 @@ def render_svg(
     return "".join(parts)
 
 
-def _frame(tl: Timeline, width: int, left: int) -> Frame:
+def _frame(tl: Timeline, width: int, left: int) -> Geometry:
     right = 12
     span = max(tl.t1_ns - tl.t0_ns, 1)
-    return Frame(width, left, 22, 14, 6, tl.t0_ns, (width - left - right) / span)
+    return Geometry(width, left, 22, 14, 6, tl.t0_ns, (width - left - right) / span)
 
 
-def _lane_ys(rows: Sequence[Lane], f: Frame) -> list[int]:
+def _lane_ys(rows: Sequence[Lane], f: Geometry) -> list[int]:
     """Each lane's top; a gap between the lanes of different ranks."""
     ys: list[int] = []
     y, prev = f.top, None
@@ -118,7 +118,7 @@ def _lane_ys(rows: Sequence[Lane], f: Frame) -> list[int]:
     return ys
 
 
-def _axis(tl: Timeline, f: Frame, bottom: int) -> list[str]:
+def _axis(tl: Timeline, f: Geometry, bottom: int) -> list[str]:
     span = max(tl.t1_ns - tl.t0_ns, 1)
     step = _nice_step(span / 8)
     out = [
@@ -140,7 +140,7 @@ def _nice_step(raw: float) -> float:
     return float(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
 
 
-def _lane_labels(rows: Sequence[Lane], ys: Sequence[int], f: Frame) -> list[str]:
+def _lane_labels(rows: Sequence[Lane], ys: Sequence[int], f: Geometry) -> list[str]:
     return [
         f'<text x="{f.left - 6}" y="{y + f.lane_h - 3}" '
         f'text-anchor="end" fill="#333">{esc(lane.label)}</text>'
@@ -150,7 +150,7 @@ def _lane_labels(rows: Sequence[Lane], ys: Sequence[int], f: Frame) -> list[str]
 
 def _bars(
     tl: Timeline,
-    f: Frame,
+    f: Geometry,
     ys: Sequence[int],
     colors: dict[str, str],
     pid: str,
@@ -184,7 +184,7 @@ def _bars(
     return out
 
 
-def _legend(colors: dict[str, str], pid: str, f: Frame, y: int) -> list[str]:
+def _legend(colors: dict[str, str], pid: str, f: Geometry, y: int) -> list[str]:
     out, x = [], f.left
     for op, color in [*colors.items(), ("wait", f"url(#{pid})")]:
         out.append(

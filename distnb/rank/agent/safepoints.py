@@ -32,12 +32,12 @@ from distnb.records.attach import AgentState
 if TYPE_CHECKING:
     from distnb.rank.agent.surface import AgentSurface
 
-__all__ = ["Control", "user_frame"]
+__all__ = ["SafePoints", "user_frame"]
 
 _PACKAGES = ("torch", "distnb")
 
 
-class Control:
+class SafePoints:
     """The notebook's standing requests to one rank (see the module)."""
 
     def __init__(self, agent: AgentSurface) -> None:

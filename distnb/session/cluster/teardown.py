@@ -1,7 +1,7 @@
 """What a stop did: the ranks it ended, host by host, and those on hosts it could not reach.
 
 `Cluster.stop` says which hosts did not answer (`silent`) and which of this machine's processes
-it ended; `stop_report` puts the session's ranks on their hosts, so that `%dist_stop` and
+it ended; `teardown_report` puts the session's ranks on their hosts, so that `%dist_stop` and
 `Session.stop()` say exactly what was stopped and what was not reached, instead of counting
 every rank as stopped. Ranks on a host that was not reached end by themselves within
 `LIFELINE_BOUND_S` of losing the kernel (`distnb.rank.lifeline`).
@@ -16,11 +16,11 @@ from distnb.rank.lifeline import BOUND_S as LIFELINE_BOUND_S
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankInfo
 
-__all__ = ["LIFELINE_BOUND_S", "HostStop", "StopReport", "stop_report"]
+__all__ = ["LIFELINE_BOUND_S", "HostTeardown", "TeardownReport", "teardown_report"]
 
 
 @dataclass(frozen=True, slots=True)
-class HostStop:
+class HostTeardown:
     """The ranks of one host, and whether the stop reached it."""
 
     host: str  # as the ranks name it, and as its launcher was given it where that differs
@@ -29,10 +29,10 @@ class HostStop:
 
 
 @dataclass(frozen=True, slots=True)
-class StopReport:
+class TeardownReport:
     """What `Session.stop()` ended (`str()` is what `%dist_stop` prints)."""
 
-    hosts: tuple[HostStop, ...]
+    hosts: tuple[HostTeardown, ...]
     processes: int  # processes of this machine ended: the controller, engines, nannies, ...
     left: tuple[int, ...] = ()  # pids of this machine still alive after the stop
 
@@ -63,9 +63,9 @@ class StopReport:
         return "\n".join(lines)
 
 
-def stop_report(
+def teardown_report(
     ranks: Sequence[RankInfo], silent: Sequence[str], processes: int, left: Sequence[int] = ()
-) -> StopReport:
+) -> TeardownReport:
     """Each host's ranks (in rank order), reached unless its launcher's name for it is in
     `silent` (the hosts that did not answer, as the engine kind names them)."""
     by_host: dict[str, list[int]] = {}
@@ -74,10 +74,10 @@ def stop_report(
         key = info.launched_on or info.host
         by_host.setdefault(key, []).append(info.rank)
         names[key] = key if key == info.host else f"{info.host} ({key})"
-    hosts = [HostStop(names[h], tuple(rs), h not in silent) for h, rs in by_host.items()]
-    hosts += [HostStop(h, (), False) for h in silent if h not in by_host]
-    return StopReport(tuple(hosts), processes, tuple(left))
+    hosts = [HostTeardown(names[h], tuple(rs), h not in silent) for h, rs in by_host.items()]
+    hosts += [HostTeardown(h, (), False) for h in silent if h not in by_host]
+    return TeardownReport(tuple(hosts), processes, tuple(left))
 
 
-def _ranks_on(host: HostStop) -> str:
+def _ranks_on(host: HostTeardown) -> str:
     return f"{format_ranks(host.ranks)} on {host.host}" if host.ranks else host.host
