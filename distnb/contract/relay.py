@@ -31,7 +31,7 @@ from typing import Any
 
 from distnb.contract import keys
 
-__all__ = ["Relay", "connect_adapter"]
+__all__ = ["Relay"]
 
 _CHUNK = 1 << 16
 _FOREVER = timedelta(days=365)  # a store's wait without a timeout (it takes none)
@@ -121,15 +121,3 @@ class Relay:
                 keys.dap(self.channel, self.back, n + 1),
             ):
                 self._out.set(key, _END)
-
-
-def connect_adapter(channel: str) -> None:
-    """On a rank: connect its debug adapter to the kernel through the control plane, on
-    `channel` (the kernel's end is already relaying)."""
-    from distnb.rank.debug.visual import listen
-    from distnb.rank.runtime import control_client
-
-    host, port, _ = listen()
-    sock = socket.create_connection((host, port), timeout=10)
-    sock.settimeout(None)
-    Relay(sock, channel, "kernel", (control_client(), control_client()))

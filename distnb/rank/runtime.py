@@ -278,3 +278,15 @@ def _install_checks(spec: RankSpec, store: dist.Store) -> None:
 def _uninstall_checks() -> None:
     if checked.installed():
         checked.uninstall()
+
+
+def connect_adapter(channel: str) -> None:
+    """On a rank: connect its debug adapter to the kernel through the control plane, on
+    `channel` (the kernel's end is already relaying)."""
+    from distnb.contract.relay import Relay
+    from distnb.rank.debug.visual import listen
+
+    host, port, _ = listen()
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.settimeout(None)
+    Relay(sock, channel, "kernel", (control_client(), control_client()))

@@ -88,7 +88,8 @@ def _socket(
     """Straight to the adapter on this machine; on another host, relayed."""
     if info.here:
         return socket.create_connection((host, port), timeout=10)
-    from distnb.contract.relay import Relay, connect_adapter
+    from distnb.contract.relay import Relay
+    from distnb.rank.runtime import connect_adapter
 
     channel = f"{info.rank}-{secrets.token_hex(4)}"
     ours, theirs = socket.socketpair()
