@@ -14,9 +14,9 @@ docs/architecture.md, "Layout", says what each package is for; this checks what 
 - modules are sized by cohesion, not folded to fit a bound: no `# fmt: skip` in distnb, and
   `MAX_LINES` only as an alarm (a module that long likely holds two jobs; a class that is one
   idea may still be long, and then says so in this test);
-- the judgement (`distnb.judgement`) and the records import neither the kernel's side
-  (`session`, `magics`, `views`) nor the ranks' (`rank`): pure functions over records, testable
-  in milliseconds; records import nothing of distnb's but other records and rank lists.
+- the judgement (`distnb.judgement`), the contract (`distnb.contract`) and the records import
+  neither the kernel's side (`session`, `magics`, `views`) nor the ranks' (`rank`): both sides
+  use them; records import nothing of distnb's but other records and rank lists.
 """
 
 from __future__ import annotations
@@ -145,13 +145,14 @@ def test_no_line_is_folded_to_fit() -> None:
 
 
 def test_judgement_and_records_are_pure() -> None:
-    """The judgement and the records depend on no side: not the kernel's, not the ranks'."""
+    """The judgement, the contract and the records depend on no side: not the kernel's, not the
+    ranks'."""
     sides = ("distnb.session", "distnb.magics", "distnb.views", "distnb.rank")
     for name, path in MODULES.items():
         found = {t for t, _ in imports(path) if t.startswith("distnb")}
-        if name.startswith("distnb.judgement"):
+        if name.startswith(("distnb.judgement", "distnb.contract")):
             wrong = {t for t in found if any(t == s or t.startswith(f"{s}.") for s in sides)}
-            assert not wrong, f"{name} imports {wrong}: judgement is pure functions over records"
+            assert not wrong, f"{name} imports {wrong}: judgement and contract serve both sides"
         if name.startswith("distnb.records"):
             wrong = {
                 t for t in found if t != "distnb.ranklist" and not t.startswith("distnb.records")
