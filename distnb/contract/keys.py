@@ -170,6 +170,12 @@ def abort(run_id: int | None) -> str:
     return f"{_CHECK}/abort/{'none' if run_id is None else run_id}"
 
 
+def mismatch(run_id: int | None) -> str:
+    """The `Mismatch` a run's ranks raised (JSON), posted by each rank that raises it (the same
+    record on every one), read by the kernel for the error it shows."""
+    return f"{_CHECK}/mismatch/{'none' if run_id is None else run_id}"
+
+
 def host(rank: int) -> str:
     return f"{_CHECK}/host/{rank}"
 

@@ -3,7 +3,7 @@
 The kernel calls these functions on the engines through ipyparallel's `apply`:
 `probe()` before ranks are assigned, `init(spec)` to join the process group and fill the
 namespace, `shutdown()` before the engines stop; between cells it asks for what a rank holds
-(`scan`, `overflow_*`, `events`, `last_mismatch`, `clock_ns`). `init` binds the engine's IPython
+(`scan`, `overflow_*`, `events`, `clock_ns`). `init` binds the engine's IPython
 shell (`distnb.rank.shell`: the rank's names, the kernel's cell numbers, the hooks around each
 cell) and starts the threads that answer the kernel's requests for the rank's live stack
 (`distnb.rank.stacks`), post again what a stranger overwrote (`distnb.contract.posts`) and end the
@@ -33,7 +33,7 @@ from distnb.rank.stacks import StackServer
 from distnb.rank.torchrun import device_plan, environment, route_to
 from distnb.rank.world import World
 from distnb.records.cell import LAUNCHED_ON_VAR, EngineProbe, RankInfo, RankSpec
-from distnb.records.collective import CollectiveEvent, Mismatch
+from distnb.records.collective import CollectiveEvent
 from distnb.records.overflow import RankOverflowReport
 from distnb.records.shapes import ShapeScan
 
@@ -201,11 +201,6 @@ def _lookup(path: str) -> Any:
 
     missing = "this rank has no {name!r}; define it in an %%allranks cell first"
     return resolve(shell.namespace(), path, missing)
-
-
-def last_mismatch() -> Mismatch | None:
-    """The collective mismatch this rank raised last, as a record."""
-    return checked.last_mismatch()
 
 
 def events(since_run: int | None) -> list[CollectiveEvent]:

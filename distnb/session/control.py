@@ -22,6 +22,7 @@ from typing import Any
 
 from distnb.contract import keys
 from distnb.records.beacon import Beacon, BeaconState
+from distnb.records.collective import Mismatch
 from distnb.records.debug import InputRequest
 
 KEEP_EVERY_S = 0.25  # how often `keep` looks at the kernel's posts while a run waits
@@ -146,6 +147,16 @@ class ControlPlane:
     def abort(self, run_id: int, reason: str) -> None:
         """Release every rank waiting at a checked collective in run `run_id`, with `reason`."""
         self.post(keys.abort(run_id), reason)
+
+    def mismatch(self, run_id: int) -> Mismatch | None:
+        """The mismatch run `run_id`'s ranks raised, as they posted it (`keys.mismatch`); the
+        key is taken, so a later run cannot read it."""
+        key = keys.mismatch(run_id)
+        value = _valid_or_none(self.store, key)
+        if value is None:
+            return None
+        self.store.delete_key(key)
+        return Mismatch.from_json(value)
 
     def stacks(self, ranks: list[int], timeout: float = 1.0) -> dict[int, str]:
         """Each rank's live main-thread stack, from its stack server thread.

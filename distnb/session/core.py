@@ -275,7 +275,8 @@ class Session:
         result = self._run(request)
         if result.failures:
             waiting = self.referee.waiters.pop(result.run_id, []) if self.referee else []
-            error = failing.run_error(request.where, result, self.call, waiting)
+            posted = self.control.mismatch if self.control else lambda run_id: None
+            error = failing.run_error(request.where, result, self.call, waiting, posted)
             self._failed = error
             if self.pdb and failing.debuggable(error.failures):
                 print(f"distnb: {error.message.splitlines()[0]}", flush=True)

@@ -44,7 +44,6 @@ from distnb.rank.checked.installation import (
     forget_groups,
     install,
     installed,
-    last_mismatch,
     unchecked,
     uninstall,
 )
@@ -57,7 +56,6 @@ __all__ = [
     "forget_groups",
     "install",
     "installed",
-    "last_mismatch",
     "unchecked",
     "uninstall",
 ]

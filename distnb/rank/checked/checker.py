@@ -17,6 +17,7 @@ The groups, channels and boards a `Checker` is made of are in `groups`.
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import time
 from collections.abc import Callable, Sequence
@@ -79,7 +80,6 @@ class Checker(Groups):
         self.world_size = world_size
         self.check_finite = check_finite
         self.recorder = Recorder(ring_size)
-        self.last_mismatch: Mismatch | None = None
         # (group name, graph task) of the last collective from the autograd engine, and how
         # many it made: DDP's reducer reduces its buckets in index order
         self._backward: tuple[str, int] = ("", -1)
@@ -96,6 +96,12 @@ class Checker(Groups):
     @run_id.setter
     def run_id(self, run_id: int | None) -> None:
         self.monitor.run_id = run_id
+
+    def post_mismatch(self, mismatch: Mismatch) -> None:
+        """Post the record of the mismatch this rank raises where the kernel reads it
+        (`keys.mismatch`): the error the notebook shows is built from it, with no call back."""
+        with contextlib.suppress(Exception):  # a store gone must not hide the mismatch itself
+            self.store.set(keys.mismatch(self.run_id), mismatch.to_json())
 
     # --- collectives --------------------------------------------------------------------------
 
@@ -187,7 +193,7 @@ class Checker(Groups):
             return interrupted
         mismatch = judgement.match(self._fingerprints(g, seq, payloads))
         if mismatch is not None:
-            self.last_mismatch = mismatch
+            self.post_mismatch(mismatch)
             raise mismatch_error(mismatch)
         self._remember(key)
         return interrupted
@@ -249,7 +255,8 @@ class Checker(Groups):
             return got, False
         except CollectiveMismatchError as exc:  # a deadlock: the peer withdraws as well
             self._withdraw(g, seq)
-            self.last_mismatch = getattr(exc, "mismatch", None) or self.last_mismatch
+            if exc.mismatch is not None:
+                self.post_mismatch(exc.mismatch)
             raise
         finally:
             self.monitor.end()
@@ -287,7 +294,7 @@ class Checker(Groups):
             self._withdraw(g, seq)
             mismatch = getattr(exc, "mismatch", None)
             if mismatch is not None:
-                self.last_mismatch = mismatch
+                self.post_mismatch(mismatch)
             raise
 
     def wait(

@@ -1,6 +1,6 @@
 """The checked runtime of this process: `install` and `uninstall` it, switch checks off or up
-inside a block (`unchecked`, `finite_checks`), start a run, and read what it recorded (`events`,
-`last_mismatch`).
+inside a block (`unchecked`, `finite_checks`), start a run, and read what it recorded
+(`events`).
 
 There is one installation per process, held here (`_checker`, with the interceptor and the
 patches it put in place): every entry point of the package reads it from this module.
@@ -18,7 +18,7 @@ from distnb.rank.checked.checker import Checker
 from distnb.rank.checked.context import Patches
 from distnb.rank.checked.intercept import Interceptor
 from distnb.rank.checked.p2p import P2P
-from distnb.records.collective import CollectiveEvent, Mismatch
+from distnb.records.collective import CollectiveEvent
 
 __all__ = [
     "begin_run",
@@ -28,7 +28,6 @@ __all__ = [
     "forget_groups",
     "install",
     "installed",
-    "last_mismatch",
     "unchecked",
     "uninstall",
 ]
@@ -164,8 +163,3 @@ def clear() -> None:
     """Forget the recorded events."""
     if _checker is not None:
         _checker.recorder.clear()
-
-
-def last_mismatch() -> Mismatch | None:
-    """The mismatch this rank raised last, as a record (also on the error as `err.mismatch`)."""
-    return None if _checker is None else _checker.last_mismatch

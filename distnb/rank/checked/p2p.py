@@ -239,7 +239,7 @@ class P2P:
         mismatch = judgement.match_p2p(sent, mine())
         if mismatch is not None:
             board.post(1, n + 1, mismatch.to_json().encode())
-            c.last_mismatch = mismatch
+            c.post_mismatch(mismatch)
         return key, n, mismatch
 
     def _drain(self, mismatch: Mismatch, call: Call, peer: int) -> None:

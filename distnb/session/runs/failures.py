@@ -95,10 +95,12 @@ def run_error(
     result: CellResult,
     call: Callable[..., list[Any]],
     waiting: Sequence[Beacon] = (),
+    posted: Callable[[int], Mismatch | None] = lambda run_id: None,
 ) -> errors.RankError:
-    """A failed run's one exception, with what can only be learnt now that every rank is idle
-    (`call` asks the ranks, as `Session.call`): the mismatch record, or which call a rank
-    skipped (from the ranks' recorded events and the beacons of those left `waiting`)."""
+    """A failed run's one exception, with what can only be learnt now that every rank is idle:
+    the mismatch record the ranks `posted` (`ControlPlane.mismatch`), or which call a rank
+    skipped (from the ranks' recorded events, asked with `call` as `Session.call` does, and the
+    beacons of those left `waiting`)."""
     from distnb.rank import runtime
 
     mismatch: Mismatch | None = None
@@ -106,8 +108,7 @@ def run_error(
     if only_checked(result.failures):
         kinds = {f.ename for f in result.failures}
         if "CollectiveMismatchError" in kinds:
-            rank = min(f.rank for f in result.failures if f.ename == "CollectiveMismatchError")
-            mismatch = call(runtime.last_mismatch, ranks=[rank])[0]
+            mismatch = posted(result.run_id)
         else:
             run_id = result.run_id
             events = [e for per_rank in call(runtime.events, run_id) for e in per_rank]
