@@ -1,8 +1,8 @@
 """distnb's magics: argument parsing and display only; each calls one `Session` method.
 
 The tools that look into ranks (`%dist_status`, `%dist_shapes`, `%dist_diff`, `%dist_overflow`,
-`%dist_timeline`) act on the current target (`DistMagics.target`): the job `%dist_attach`
-attached while one is, else the session's ranks."""
+`%dist_pull`, `%dist_push`, `%dist_timeline`) act on the current target (`DistMagics.target`):
+the job `%dist_attach` attached while one is, else the session's ranks."""
 
 from __future__ import annotations
 
@@ -337,14 +337,14 @@ class DistMagics(Magics):
         """Each rank's value of NAME into the kernel's NAME, a list in rank order (tensors on
         the CPU): `%dist_pull losses [--ranks 0-1] [--limit 1GiB] [--as per_rank]`."""
         args = parse(self.dist_pull, line)
-        session = self._running()
+        target = self.target()
         if args.as_name is not None and len(args.names) != 1:
             raise UsageError("--as names one value: %dist_pull losses --as per_rank")
         ranks = rank_list(args.ranks)
         for name in args.names:
             try:
-                values = session.pull(name, ranks=ranks, limit=size(args.limit))
-            except ConfigError as exc:
+                values = target.pull(name, ranks=ranks, limit=size(args.limit))
+            except (ConfigError, SessionError) as exc:
                 raise UsageError(str(exc)) from None
             var = args.as_name or name.rsplit(".", 1)[-1]
             self._user_ns()[var] = values
@@ -359,7 +359,7 @@ class DistMagics(Magics):
         """Bind the kernel's values to the same names on every rank:
         `%dist_push lr targets [--ranks 0-1] [--limit 1GiB]`."""
         args = parse(self.dist_push, line)
-        session = self._running()
+        target = self.target()
         ns = self._user_ns()
         missing = [n for n in args.names if n not in ns]
         if missing:
@@ -367,8 +367,8 @@ class DistMagics(Magics):
         values = {n: ns[n] for n in args.names}
         ranks = rank_list(args.ranks)
         try:
-            session.push(ranks=ranks, limit=size(args.limit), **values)
-        except ConfigError as exc:
+            target.push(ranks=ranks, limit=size(args.limit), **values)
+        except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
 
     def _user_ns(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,10 +22,13 @@ __all__ = ["assign", "describe", "pull_value", "to_cpu"]
 MAX_DEPTH = 8
 
 
-def pull_value(path: str, limit: int) -> tuple[str, bytes] | Refusal:
-    """(what it is, its pickle) of the value at `path` (`losses`, `model.weight`), or why not."""
+def pull_value(
+    path: str, limit: int, names: Mapping[str, Any] | None = None
+) -> tuple[str, bytes] | Refusal:
+    """(what it is, its pickle) of the value at `path` (`losses`, `model.weight`) in `names`
+    (default: the rank's namespace), or why not."""
     try:
-        value = to_cpu(_resolve(path))
+        value = to_cpu(_resolve(path, _namespace() if names is None else names))
     except (KeyError, AttributeError) as exc:
         return Refusal(path, Reason.MISSING, detail=_missing(exc))
     what = describe(value)
@@ -109,9 +113,9 @@ def _dense_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _resolve(path: str) -> Any:
+def _resolve(path: str, names: Mapping[str, Any]) -> Any:
     head, *rest = path.split(".")
-    value = _namespace()[head]
+    value = names[head]
     for part in rest:
         value = getattr(value, part)
     return value

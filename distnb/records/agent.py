@@ -198,7 +198,28 @@ class RelayTo(Record):
     channel: str
 
 
-FrameQuery = Shapes | Digests | Watch | WatchReport | Listen | RelayTo
+@dataclass(frozen=True, slots=True)
+class Pull(Record):
+    """The value at `path` (a name or dotted path) as the frame sees it, tensors on the CPU,
+    pickled if at most `limit` bytes: the answer is `[what, base64 of the pickle]`, or a
+    `Refusal`'s dict (`%dist_pull` on an attached job)."""
+
+    kind: ClassVar[str] = "pull"
+    path: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Push(Record):
+    """Bind each of `names` to its value, pickled and base64-encoded in `values`, in the frame
+    (its locals: a function's frame keeps them as pdb's assignments are kept)."""
+
+    kind: ClassVar[str] = "push"
+    names: tuple[str, ...]
+    values: tuple[str, ...]
+
+
+FrameQuery = Shapes | Digests | Watch | WatchReport | Listen | RelayTo | Pull | Push
 
 
 # --- answers at a stopped rank's prompt --------------------------------------------------------

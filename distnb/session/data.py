@@ -12,7 +12,7 @@ from __future__ import annotations
 import keyword
 import pickle
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distnb.errors import ConfigError, RankError
@@ -23,7 +23,18 @@ from distnb.views._format import format_bytes
 if TYPE_CHECKING:
     from distnb.session.surface import SessionSurface
 
-__all__ = ["DEFAULT_LIMIT", "RESERVED", "parse_size", "pull", "push", "refusal_message"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "RESERVED",
+    "check_pull",
+    "check_push",
+    "parse_size",
+    "pickled",
+    "pull",
+    "push",
+    "received",
+    "refusal_message",
+]
 
 DEFAULT_LIMIT = 64 * 2**20
 # The rank's own names (distnb binds them at start); pushing over them would lie to user code.
@@ -51,17 +62,34 @@ def pull(
     """
     from distnb.rank import data
 
+    limit = check_pull(name, limit)
+    answers = session.call(data.pull_value, name, limit, ranks=ranks)
+    return received(
+        name, limit, zip((i.rank for i in session.targets(ranks)), answers, strict=True)
+    )
+
+
+def check_pull(name: str, limit: int | None) -> int:
+    """The limit a pull of `name` goes by; ConfigError for a name that is no dotted path."""
     if not _PATH.fullmatch(name):
         raise ConfigError(
             f"pull takes a name or dotted path, e.g. 'losses' or 'model.fc', got {name!r}"
         )
-    limit = _check_limit(limit)
-    answers = session.call(data.pull_value, name, limit, ranks=ranks)
-    by_rank = list(zip((info.rank for info in session.targets(ranks)), answers, strict=True))
+    return _check_limit(limit)
+
+
+def received(
+    name: str, limit: int, answers: Iterable[tuple[int, tuple[str, bytes] | Refusal]]
+) -> list[Any]:
+    """The values the ranks sent for `name`, rebuilt, in the answers' order; one ConfigError
+    naming every rank that refused, and why."""
+    by_rank = list(answers)
     refused = [(rank, a) for rank, a in by_rank if isinstance(a, Refusal)]
     if refused:
         raise ConfigError(refusal_message(refused, limit))
-    return [_rebuild(rank, name, *answer) for rank, answer in by_rank]
+    return [
+        _rebuild(rank, name, *answer) for rank, answer in by_rank if not isinstance(answer, Refusal)
+    ]
 
 
 def push(
@@ -78,10 +106,7 @@ def push(
     """
     from distnb.rank import data
 
-    if not values:
-        raise ConfigError("push needs values to send: s.push(lr=0.1) or %dist_push lr")
-    _check_names(values)
-    limit = _check_limit(limit)
+    limit = check_push(values, limit)
     packed = {name: _pack(name, value, limit) for name, value in values.items()}
     try:
         session.call(data.assign, tuple(packed), *packed.values(), ranks=ranks)
@@ -90,6 +115,33 @@ def push(
         raise ConfigError(
             f"the ranks could not rebuild {', '.join(map(repr, packed))} ({failed}); {_REBUILD_FIX}"
         ) from err
+
+
+def check_push(values: dict[str, Any], limit: int | None) -> int:
+    """The limit a push of `values` goes by; ConfigError for no values, or a name that cannot
+    be bound on a rank."""
+    if not values:
+        raise ConfigError("push needs values to send: s.push(lr=0.1) or %dist_push lr")
+    _check_names(values)
+    return _check_limit(limit)
+
+
+def pickled(name: str, value: Any, limit: int) -> bytes:
+    """`value` pickled (plain pickle: for ranks that are not ipyparallel's, an attached job's),
+    or a ConfigError saying why it cannot go."""
+    try:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot push {name!r}: it does not pickle ({type(exc).__name__}: {exc}); push a "
+            "picklable part of it (numbers, lists, dicts, tensors, arrays)"
+        ) from exc
+    if len(data) > limit:
+        raise ConfigError(
+            f"cannot push {name!r}: it is {format_bytes(len(data))} pickled, over the "
+            f"{format_bytes(limit)} limit; send less, or raise the limit (--limit 1GiB)"
+        )
+    return data
 
 
 def parse_size(text: str) -> int:

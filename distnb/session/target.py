@@ -3,8 +3,8 @@
 A session's ranks and an attached job's ranks are the same thing to the tools: ranks you can
 call into, a live namespace (`distnb.Session`) or the frames stopped ranks are stopped in
 (`distnb.session.attach.AttachedJob`). `%dist_shapes`, `%dist_diff`, `%dist_overflow`,
-`%dist_timeline` and `%dist_status` act on the current target: the attached job while one is
-attached, else the session (`distnb.magics.dist.DistMagics.target`).
+`%dist_pull`, `%dist_push`, `%dist_timeline` and `%dist_status` act on the current target: the
+attached job while one is attached, else the session (`distnb.magics.dist.DistMagics.target`).
 """
 
 from __future__ import annotations
@@ -38,4 +38,10 @@ class Target(Protocol):
     ) -> ReplicaView: ...
     def overflow(self, name: str, ranks: RankArg | None = None, **options: Any) -> None: ...
     def overflow_report(self, ranks: RankArg | None = None) -> dict[str, OverflowView]: ...
+    def pull(
+        self, name: str, ranks: RankArg | None = None, limit: int | None = None
+    ) -> list[Any]: ...
+    def push(
+        self, ranks: RankArg | None = None, limit: int | None = None, **values: Any
+    ) -> None: ...
     def status(self) -> Any: ...

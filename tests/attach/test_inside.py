@@ -64,6 +64,18 @@ def test_shapes_and_replicas_of_four_stopped_ranks(
         capsys.readouterr()
         ip.run_cell_magic("attached", "--ranks 1,3", "print('at step', step)")
         assert capsys.readouterr().out == "[rank 1] at step 3\n[rank 3] at step 3\n"
+        # values both ways, as with distnb's own ranks
+        ip.run_line_magic("dist_pull", "step --ranks 0-1")
+        assert ip.user_ns["step"] == [3, 3]
+        ip.run_line_magic("dist_pull", "flat")
+        assert [tuple(t.shape) for t in ip.user_ns["flat"]] == [(9,)] * 4
+        with pytest.raises(UsageError, match=r"ranks 0-3 have no 'nothere'"):
+            ip.run_line_magic("dist_pull", "nothere")
+        ip.user_ns["note"] = "from the notebook"
+        ip.run_line_magic("dist_push", "note --ranks 2")
+        capsys.readouterr()
+        ip.run_cell_magic("attached", "--ranks 2", "print(note)")
+        assert capsys.readouterr().out == "[rank 2] from the notebook\n"
         ip.run_line_magic("dist_attach", "--detach")
         assert set(jb.finals()) == {0, 1, 2, 3}
 

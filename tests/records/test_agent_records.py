@@ -23,6 +23,8 @@ from distnb.records.agent import (
     Listening,
     Panel,
     PromptAnswer,
+    Pull,
+    Push,
     Recorded,
     RelayTo,
     Release,
@@ -64,6 +66,8 @@ QUERIES: list[FrameQuery] = [
     WatchReport(),
     Listen(),
     RelayTo("1-abcd"),
+    Pull("model.weight", 2**26),
+    Push(("lr", "note"), ("gASVCAAAAAAAAABHP7mZmZmZmZou", "gASVBQAAAAAAAACMAmhplC4=")),
 ]
 ANSWERS: list[PromptAnswer] = [
     Run("x = 1\nprint(x);; y"),

@@ -3,23 +3,28 @@
 distnb's own ranks answer them, over the names the stopped frame sees (its locals over its
 globals) instead of a cell's namespace.
 
-A stopped rank of an attached job runs these on its main thread, in the debugger
+Values travel too (`%dist_pull`, `%dist_push`): `Pull` answers a value pickled, `Push` binds values
+in the frame. A stopped rank of an attached job runs these on its main thread, in the debugger
 (`stopped.AgentPdb`, answer `Call`): the one place where the job's objects may be read without
-racing its training loop. Overflow watches started here stay on when the rank goes on (they see
-its next steps); `detach` removes them, so a detached job runs as it would have. Two queries
-need no names: `Listen` starts the rank's debugpy for JupyterLab's panel, `RelayTo` connects
-it to a notebook on another host (`panel`). The queries are `distnb.records.agent.FrameQuery`.
+racing its training loop. Overflow watches started here stay on when the rank goes on (they see its
+next steps); `detach` removes them, so a detached job runs as it would have. Two queries need no
+names: `Listen` starts the rank's debugpy for JupyterLab's panel, `RelayTo` connects it to a
+notebook on another host (`panel`). The queries are `distnb.records.agent.FrameQuery`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import pickle
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from distnb.records.agent import (
     Digests,
     FrameQuery,
     Listen,
+    Pull,
+    Push,
     RelayTo,
     Shapes,
     Watch,
@@ -31,8 +36,9 @@ __all__ = ["call", "lookup", "unwatch", "watching"]
 _watched: set[str] = set()  # overflow watches started from the notebook
 
 
-def call(query: FrameQuery, names: Mapping[str, Any], rank: int) -> Any:
-    """The JSON-able answer to `query` over the frame's `names`."""
+def call(query: FrameQuery, names: MutableMapping[str, Any], rank: int) -> Any:
+    """The JSON-able answer to `query` over the frame's `names` (its locals over its globals;
+    what is bound goes to its locals)."""
     match query:
         case Shapes(names=wanted, include_all=include_all):
             from distnb.rank.scan import scan_namespace
@@ -58,6 +64,18 @@ def call(query: FrameQuery, names: Mapping[str, Any], rank: int) -> Any:
             from distnb.rank.agent.panel import relay
 
             relay(channel)
+            return None
+        case Pull(path=path, limit=limit):
+            from distnb.rank.data import pull_value
+
+            found = pull_value(path, limit, names)
+            if isinstance(found, tuple):
+                what, data = found
+                return [what, base64.b64encode(data).decode()]
+            return found.to_dict()
+        case Push(names=bound, values=values):
+            for name, value in zip(bound, values, strict=True):
+                names[name] = pickle.loads(base64.b64decode(value))  # a signed request only
             return None
         case WatchReport():
             from distnb.rank import overflow

@@ -23,8 +23,9 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections import ChainMap
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from torch.distributed import DistStoreError
 
@@ -212,7 +213,9 @@ class AgentPdb(RankPdb):
         """Answer a `Call` with a record over the current frame's names (see `frames`)."""
         frame = self.curframe
         assert frame is not None
-        names = {**frame.f_globals, **self.curframe_locals}
+        # the frame's locals over its globals; what is bound goes to its locals, which the
+        # trace function's return writes back into the frame, as with pdb's own `!x = 1`
+        names = ChainMap(cast("dict[str, Any]", self.curframe_locals), frame.f_globals)
         try:
             reply = Reply(frames.call(call.query, names, self.asker.rank))
         except Exception as exc:

@@ -13,6 +13,7 @@ functions and views distnb uses for its own ranks.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ from distnb.records.agent import (
     Call,
     Digests,
     FrameQuery,
+    Pull,
+    Push,
     Run,
     Shapes,
     Watch,
@@ -39,7 +42,17 @@ if TYPE_CHECKING:
     from distnb.views.replicas import ReplicaView
     from distnb.views.shapes import ShapeTableView
 
-__all__ = ["call", "diff", "overflow", "overflow_report", "run", "shapes", "stopped"]
+__all__ = [
+    "call",
+    "diff",
+    "overflow",
+    "overflow_report",
+    "pull",
+    "push",
+    "run",
+    "shapes",
+    "stopped",
+]
 
 
 def stopped(
@@ -204,3 +217,34 @@ def show(out: dict[int, str]) -> None:
     for rank, text in out.items():
         for line in text.rstrip("\n").split("\n") if text else []:
             print(f"[rank {rank}] {line}")
+
+
+def pull(
+    job: JobSurface, name: str, ranks: RankArg | None = None, limit: int | None = None
+) -> list[Any]:
+    """Each stopped rank's `name` (a name or dotted path its frame sees), in rank order,
+    tensors on the CPU (what `%dist_pull` binds); refusals as `Session.pull` words them."""
+    from distnb.records.transfer import Refusal
+    from distnb.session.data import check_pull, received
+
+    limit = check_pull(name, limit)
+    found = call(job, Pull(name, limit), ranks)
+
+    def answer(value: Any) -> tuple[str, bytes] | Refusal:
+        if isinstance(value, dict):
+            return Refusal.from_dict(value)
+        what, data = value
+        return what, base64.b64decode(data)
+
+    return received(name, limit, ((r, answer(found[r])) for r in sorted(found)))
+
+
+def push(
+    job: JobSurface, ranks: RankArg | None = None, limit: int | None = None, **values: Any
+) -> None:
+    """Bind each keyword's value to its name in every stopped rank's frame (`%dist_push`)."""
+    from distnb.session.data import check_push, pickled
+
+    limit = check_push(values, limit)
+    data = [base64.b64encode(pickled(n, v, limit)).decode() for n, v in values.items()]
+    call(job, Push(tuple(values), tuple(data)), ranks)

@@ -253,6 +253,8 @@ class AttachedJob:
     diff = inside.diff
     overflow = inside.overflow
     overflow_report = inside.overflow_report
+    pull = inside.pull
+    push = inside.push
 
     def detach(self) -> None:
         """Let every rank go on as it would have: breakpoints cleared, holds released, stopped
