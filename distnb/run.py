@@ -40,7 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from distnb.contract.folders import Endpoint, JobFolder, run_id
+from distnb.contract.folders import Endpoint, RunFolder, run_id
 from distnb.errors import ConfigError
 from distnb.runplace import Place, join, place
 
@@ -69,7 +69,7 @@ class Hosted:
     (the server stops with its last reference: keep this object). `server` None: a node that
     joins another node's control plane (`joined`)."""
 
-    def __init__(self, folder: JobFolder, server: Any) -> None:
+    def __init__(self, folder: RunFolder, server: Any) -> None:
         self.folder, self.server = folder, server
 
     def end(self, status: int) -> None:
@@ -104,7 +104,7 @@ def host(name: str = "", address: str = "127.0.0.1", argv: tuple[str, ...] = ())
     inherit (the run folder; the hook first on `PYTHONPATH`)."""
     import torch.distributed as dist
 
-    folder = JobFolder.create(run_id(name))
+    folder = RunFolder.create(run_id(name))
     folder.write_secret()
     server = dist.TCPStore(
         address, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
@@ -131,7 +131,7 @@ def joined(where: Place) -> Hosted:
     return Hosted(folder, None)
 
 
-def _hand_over(folder: JobFolder) -> None:
+def _hand_over(folder: RunFolder) -> None:
     """The environment the workers inherit: the run folder; the hook first on `PYTHONPATH`."""
     os.environ[ATTACH_VAR] = str(folder.path)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from distnb.contract.folders import JobFolder, base, run_id
+from distnb.contract.folders import RunFolder, base, run_id
 from distnb.errors import ConfigError
 
 __all__ = ["JOIN_S", "Place", "join", "owns", "place"]
@@ -96,9 +96,9 @@ def owns(address: str) -> bool:
     return True
 
 
-def join(where: Place, wait_s: float = JOIN_S) -> JobFolder:
+def join(where: Place, wait_s: float = JOIN_S) -> RunFolder:
     """The run folder of the node that hosts `where`'s control plane, once it has written it."""
-    folder = JobFolder(base() / where.run)
+    folder = RunFolder(base() / where.run)
     deadline, said = time.monotonic() + wait_s, False
     while not (folder.path / "endpoint.json").exists():
         if time.monotonic() > deadline:

@@ -26,7 +26,7 @@ from pathlib import Path
 from distnb.errors import ConfigError
 from distnb.records.codec import Record
 
-__all__ = ["RUNS_VAR", "Endpoint", "JobFolder", "base", "run_id"]
+__all__ = ["RUNS_VAR", "Endpoint", "RunFolder", "base", "run_id"]
 
 RUNS_VAR = "DISTNB_RUNS"
 
@@ -60,14 +60,14 @@ def run_id(name: str | None = None) -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
-class JobFolder:
+class RunFolder:
     """One run folder (see the module)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     @classmethod
-    def create(cls, run: str) -> JobFolder:
+    def create(cls, run: str) -> RunFolder:
         """A new folder for `run`, readable by the user alone; ConfigError if it exists."""
         root = base()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -7,7 +7,7 @@ is written on both sides. Three channels, each a tagged union of records (the co
   `AgentRequest` = `Status` | `Events` | `Stop` | `Hold` | `Release` | `Break` | `Detach`,
   written by `dumps_request` and read by `loads_request`;
 - to a stopped rank's debugger prompt (`keys.answer`), besides the pdb commands the user types:
-  `PromptAnswer` = `Run` (code in the stopped frame) | `Call` (a `FrameQuery` over the frame's
+  `PromptAnswer` = `Execute` (code in the stopped frame) | `Call` (a `FrameQuery` over the frame's
   names, answered under `keys.agent_result`) | `Panel` | `Detach`, written as one line
   (`answer_line`: `PROMPT_MARK` and the record's JSON) and told from a pdb command by
   `read_answer`;
@@ -20,7 +20,7 @@ Example::
 
     line = dumps_request(Stop(StopAt.STEP))  # '{"kind": "stop", "at": "step"}'
     loads_request(line) == Stop(StopAt.STEP)
-    read_answer(answer_line(Run("x.shape"))) == Run("x.shape")
+    read_answer(answer_line(Execute("x.shape"))) == Execute("x.shape")
     read_answer("p x") is None  # a pdb command
 """
 
@@ -45,6 +45,7 @@ __all__ = [
     "Detach",
     "Digests",
     "Events",
+    "Execute",
     "FrameQuery",
     "Hold",
     "Listen",
@@ -55,7 +56,6 @@ __all__ = [
     "RelayTo",
     "Release",
     "Reply",
-    "Run",
     "Shapes",
     "Status",
     "Stop",
@@ -226,10 +226,10 @@ FrameQuery = Shapes | Digests | Watch | WatchReport | Listen | RelayTo | Pull | 
 
 
 @dataclass(frozen=True, slots=True)
-class Run(Record):
-    """Run `code` in the stopped frame, as a cell (its last expression shown)."""
+class Execute(Record):
+    """Execute `code` in the stopped frame, as a cell (its last expression shown)."""
 
-    kind: ClassVar[str] = "run"
+    kind: ClassVar[str] = "execute"
     code: str
 
 
@@ -250,7 +250,7 @@ class Panel(Record):
     kind: ClassVar[str] = "panel"
 
 
-PromptAnswer = Run | Call | Panel | Detach
+PromptAnswer = Execute | Call | Panel | Detach
 
 
 # --- answers to the notebook -------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distnb.contract.folders import Endpoint, JobFolder
+from distnb.contract.folders import Endpoint, RunFolder
 from distnb.errors import ConfigError
 from distnb.runplace import Place, join, owns, place
 
@@ -56,7 +56,7 @@ def test_a_joining_node_refuses_the_folder_of_another_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DISTNB_RUNS", str(tmp_path))
-    folder = JobFolder.create("r1")
+    folder = RunFolder.create("r1")
     folder.write_secret()
     folder.write_endpoint(Endpoint("r1", "198.51.100.9", 5, "old", 1, 0.0))
     with pytest.raises(ConfigError, match=r"another run \(control plane at 198.51.100.9"):

@@ -17,6 +17,7 @@ from distnb.records.agent import (
     Detach,
     Digests,
     Events,
+    Execute,
     FrameQuery,
     Hold,
     Listen,
@@ -29,7 +30,6 @@ from distnb.records.agent import (
     RelayTo,
     Release,
     Reply,
-    Run,
     Shapes,
     Status,
     Stop,
@@ -70,7 +70,7 @@ QUERIES: list[FrameQuery] = [
     Push(("lr", "note"), ("gASVCAAAAAAAAABHP7mZmZmZmZou", "gASVBQAAAAAAAACMAmhplC4=")),
 ]
 ANSWERS: list[PromptAnswer] = [
-    Run("x = 1\nprint(x);; y"),
+    Execute("x = 1\nprint(x);; y"),
     Panel(),
     Detach(),
     *(Call(q, reply=9) for q in QUERIES),

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distnb.contract import keys
-from distnb.contract.folders import JobFolder
+from distnb.contract.folders import RunFolder
 from distnb.contract.signed import SignedStore
 from distnb.rank.agent import panel
 from distnb.rank.agent.entries import GroupMethods
@@ -40,7 +40,7 @@ class Agent:
     """One rank's agent: `tape` (its collectives), `safepoints` (stops), `server` (answers)."""
 
     def __init__(self, folder: Path, rank: int, world_size: int, local_rank: int) -> None:
-        job = JobFolder(folder)
+        job = RunFolder(folder)
         self.endpoint = job.endpoint()
         self._secret = bytes.fromhex(job.secret())
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank

@@ -7,7 +7,7 @@ pdb's commands, the user's frames only) with what an attached job needs besides:
 - what it prints while the rank is stopped goes to the notebook (`Out`: pieces in the store,
   counted, so the notebook shows all of them before the next prompt), not to the job's log;
 - the notebook's own answers (`distnb.records.agent.PromptAnswer`, told from the pdb commands
-  the user types by `read_answer`): `Run` runs code in the stopped frame and shows its output
+  the user types by `read_answer`): `Execute` runs code in the stopped frame and shows its output
   (an `%%allranks` cell on stopped ranks); `Call` answers a `FrameQuery` with a record over the
   frame's names (`frames`: shapes, replica digests, the overflow tracer) under
   `keys.agent_result`; `Detach` clears every breakpoint and overflow watch started from the
@@ -37,9 +37,9 @@ from distnb.records.agent import (
     PROMPT_MARK,
     Call,
     Detach,
+    Execute,
     Panel,
     Reply,
-    Run,
     answer_line,
     dumps_reply,
     read_answer,
@@ -174,7 +174,7 @@ class AgentPdb(RankPdb):
             case Panel():
                 self.to_panel()
                 return True
-            case Run(code=code):
+            case Execute(code=code):
                 self._run(code)
             case Call() as call:
                 self._call(call)
@@ -224,7 +224,7 @@ class AgentPdb(RankPdb):
         self.asker.store.set(key, dumps_reply(reply))
 
     def _run(self, code: str) -> None:
-        """Run `code` in the current frame, as a notebook cell: its last expression shown."""
+        """Execute `code` in the current frame, as a notebook cell: its last expression shown."""
         frame = self.curframe
         assert frame is not None
         names = frame.f_globals

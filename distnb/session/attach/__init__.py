@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from distnb.contract.folders import JobFolder, base
+from distnb.contract.folders import RunFolder, base
 from distnb.errors import ConfigError, SessionError
 from distnb.session.attach import procs, remote
 from distnb.session.attach.job import AttachedJob
@@ -65,7 +65,7 @@ def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
     return AttachedJob(folder, link, world)
 
 
-def locate(target: str | None) -> JobFolder:
+def locate(target: str | None) -> RunFolder:
     """The run folder `target` names (see `attach`)."""
     root = base()
     if target is None:
@@ -78,20 +78,20 @@ def locate(target: str | None) -> JobFolder:
                 f"no running job under {root}: start one with `python -m distnb.run "
                 "[torchrun's options] train.py`, or name its run folder"
             )
-        return JobFolder(runs[-1].parent)
+        return RunFolder(runs[-1].parent)
     path = Path(target).expanduser()
     if (path / "endpoint.json").exists():
-        return JobFolder(path)
+        return RunFolder(path)
     if target.isdigit() and (root / f"slurm-{target}").exists():
-        return JobFolder(root / f"slurm-{target}")
+        return RunFolder(root / f"slurm-{target}")
     if (root / target / "endpoint.json").exists():
-        return JobFolder(root / target)
+        return RunFolder(root / target)
     host, _, port = target.rpartition(":")
     if host and port.isdigit():
         for candidate in root.glob("*/endpoint.json"):
-            e = JobFolder(candidate.parent).endpoint()
+            e = RunFolder(candidate.parent).endpoint()
             if e.port == int(port) and host in (e.host, e.hostname):
-                return JobFolder(candidate.parent)
+                return RunFolder(candidate.parent)
         raise ConfigError(
             f"no run folder under {root} is for {target}: attaching by address needs the run's "
             "secret, which is in its run folder; copy the folder here or name it"

@@ -4,7 +4,7 @@ compared (`diff`), the overflow tracer (`overflow`, `overflow_report`). Function
 `AttachedJob`, bound to it as methods, kept here so that `job` holds attaching and driving.
 
 Each one answers the open debugger prompt of every stopped rank asked at once (the notebook's
-own answers, `distnb.records.agent`: `Run` code, `Call` a `FrameQuery`) and waits for its next
+own answers, `distnb.records.agent`: `Execute` code, `Call` a `FrameQuery`) and waits for its next
 prompt: the rank runs the request on its main thread, where the job's objects are not being
 changed under it, and stays stopped. Records come back through the job's store
 (`keys.agent_result`, under the number of the prompt answered) and are judged and shown by the
@@ -23,10 +23,10 @@ from distnb.errors import ConfigError, SessionError
 from distnb.records.agent import (
     Call,
     Digests,
+    Execute,
     FrameQuery,
     Pull,
     Push,
-    Run,
     Shapes,
     Watch,
     WatchReport,
@@ -102,9 +102,9 @@ def answer_all(
 def run(
     job: JobSurface, code: str, ranks: RankArg | None = None, timeout_s: float = 30.0
 ) -> dict[int, str]:
-    """Run `code` in the frame each stopped rank is stopped in; its output, by rank (printed
+    """Execute `code` in the frame each stopped rank is stopped in; its output, by rank (printed
     with `[rank N]` too). The last expression's value is shown, as in a cell."""
-    line = answer_line(Run(code))
+    line = answer_line(Execute(code))
     out = answer_all(job, stopped(job, ranks, timeout_s), lambda _: line, timeout_s)
     show(out)
     return out

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from distnb.contract.folders import JobFolder
+from distnb.contract.folders import RunFolder
 from distnb.errors import ConfigError, SessionError
 from distnb.judgement import snapshot
 from distnb.ranklist import RankArg, rank_arg
@@ -54,7 +54,7 @@ __all__ = ["AttachedJob"]
 class AttachedJob:
     """A job attached through its run folder (see `distnb.attach`)."""
 
-    def __init__(self, folder: JobFolder, link: Link, world_size: int) -> None:
+    def __init__(self, folder: RunFolder, link: Link, world_size: int) -> None:
         self.folder = folder
         self.link = link
         self.ranks = list(range(world_size))
