@@ -78,6 +78,10 @@ class DistMagics(Magics):
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+        except KeyboardInterrupt:  # the start tore down what it had begun (Session.start)
+            raise UsageError(
+                "%dist_start was interrupted: nothing is left running; %dist_start starts again"
+            ) from None
         self.session.pdb = self.pdb
         return self.session.status()
 

@@ -24,6 +24,7 @@ from distnb.contract import keys
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import Mismatch
 from distnb.records.debug import InputRequest
+from distnb.session.importing import import_whole
 
 KEEP_EVERY_S = 0.25  # how often `keep` looks at the kernel's posts while a run waits
 TELL_EVERY_S = 30.0  # how often the kernel says that one key of its own was forged
@@ -33,7 +34,7 @@ class ControlPlane:
     """The kernel's end of the control plane."""
 
     def __init__(self, host: str) -> None:
-        import torch.distributed as dist
+        dist: Any = import_whole("torch.distributed")  # Ctrl-C must not cut torch's import
 
         self.host = host
         self.session_id = f"distnb-{secrets.token_hex(4)}"

@@ -184,6 +184,8 @@ class Launcher(EngineKind):
 
 
 def _local_cuda_devices() -> int:
-    import torch
+    from distnb.session.importing import import_whole
+
+    torch: Any = import_whole("torch")  # Ctrl-C must not cut torch's import
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,82 @@
+"""Ctrl-C while a session starts: the kernel's import of torch stays whole, the start says in one
+line that it was interrupted and left nothing running, and the next `%dist_start` works.
+
+Each case runs in a fresh interpreter (this one imported torch long ago), and Ctrl-C (SIGINT,
+as a terminal and Jupyter's interrupt send it) comes half-way through torch's import, once
+`torch.nn` is loaded: cut there, a plain import leaves `torch` half initialised for good (every
+later import: "partially initialized module 'torch' has no attribute 'cuda'"; cut at its first
+line, torch's import is simply undone)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+# Sends SIGINT to its own process half-way through torch's import.
+INTERRUPT_IN_TORCH_IMPORT = """
+import os, signal, sys, threading, time
+def _fire():
+    while "torch.nn" not in sys.modules:
+        time.sleep(0.0005)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=_fire, daemon=True).start()
+"""
+
+
+def run(code: str, timeout_s: float = 300) -> str:
+    script = INTERRUPT_IN_TORCH_IMPORT + textwrap.dedent(code)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr  # IPython shows a UsageError on stderr
+
+
+def test_an_interrupted_import_of_torch_is_finished_then_raised() -> None:
+    out = run(
+        """
+        from distnb.session.importing import import_whole
+        try:
+            import_whole("torch.distributed")
+            print("not interrupted")
+        except KeyboardInterrupt as exc:
+            print("interrupted:", exc)
+        import torch.distributed as dist
+        print("whole:", dist.is_available() and hasattr(dist, "TCPStore"))
+        """
+    )
+    assert out.splitlines() == [
+        "interrupted: interrupted while importing torch.distributed (the import was finished)",
+        "whole: True",
+    ]
+
+
+@pytest.mark.cluster
+def test_ctrl_c_in_dist_start_leaves_a_kernel_that_starts_the_next_time() -> None:
+    out = run(
+        """
+        import psutil
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "distnb")
+        ip.run_cell("%dist_start -n 2")
+        print("left running:", len(psutil.Process().children(recursive=True)))
+        ip.run_cell("%dist_start -n 2")
+        ip.run_cell("%%allranks\\nprint('rank', rank, 'of', world_size)")
+        ip.run_cell("%dist_stop")
+        print("left after stop:", len(psutil.Process().children(recursive=True)))
+        """
+    )
+    lines = out.splitlines()
+    said = [line for line in lines if "interrupted" in line]
+    assert said == [
+        "UsageError: %dist_start was interrupted: nothing is left running; %dist_start starts again"
+    ], out
+    assert "left running: 0" in lines, out
+    assert "[rank 0] rank 0 of 2" in lines and "[rank 1] rank 1 of 2" in lines, out
+    assert "left after stop: 0" in lines, out
+    assert not [p for p in psutil.Process().children(recursive=True) if "ipengine" in str(p)]
