@@ -98,9 +98,11 @@ class AttachMagics(Magics):
                 return print(f"distnb: {which} go on")
             if args.stop or args.where:
                 return None
-            return job.status()
-        except (ConfigError, SessionError) as exc:
-            raise UsageError(str(exc)) from None
+            view = job.status()
+            self.forget_ended()
+            return view
+        except (ConfigError, SessionError, RuntimeError) as exc:
+            raise UsageError(self._words(exc)) from None
 
     @magic_arguments()
     @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6 (or 0,2, all)")
@@ -113,11 +115,32 @@ class AttachMagics(Magics):
         ranks = rank_list(args.ranks)
         try:
             self.job.run(cell, ranks)
-        except (ConfigError, SessionError) as exc:
-            raise UsageError(str(exc)) from None
+        except (ConfigError, SessionError, RuntimeError) as exc:
+            raise UsageError(self._words(exc)) from None
 
     def _detach(self) -> None:
         if self.job is not None:
+            gone = self.job.gone
             self.job.detach()
-            print("distnb: detached; the job goes on as it would have")
+            if not gone:
+                print("distnb: detached; the job goes on as it would have")
         self.job = None
+
+    def _words(self, exc: BaseException) -> str:
+        """What went wrong, in one line; a job whose control plane went away (it ended while
+        attached) is let go, so that the next %dist_attach attaches to the next run."""
+        from distnb.session.attach.job import connection_lost
+
+        if isinstance(exc, RuntimeError) and not connection_lost(exc):
+            raise exc
+        job = self.job
+        if job is not None and (job.gone or connection_lost(exc)):
+            job.gone = True
+            self.forget_ended()
+            return str(job.ended_words())
+        return str(exc)
+
+    def forget_ended(self) -> None:
+        if self.job is not None and self.job.gone:
+            self.job.detach()
+            self.job = None

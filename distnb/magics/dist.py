@@ -384,7 +384,10 @@ class DistMagics(Magics):
         return self.session
 
     def _job(self) -> Any:
-        return None if self.attach is None else self.attach.job
+        if self.attach is None:
+            return None
+        self.attach.forget_ended()  # a job that ended while attached (said when found)
+        return self.attach.job
 
     def target(self) -> Target:
         """What the tools act on: the attached job while one is attached (said once when a

@@ -149,3 +149,36 @@ def test_a_stranger_on_the_port_is_never_believed(tmp_path: Path) -> None:
         j.detach()
         ready.touch()
         assert set(jb.finals()) == {0, 1}
+
+
+def test_a_job_that_ends_while_attached_is_said_once_and_the_next_one_attaches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from IPython.core.error import UsageError
+
+    from tests.attach.test_inside import magics_on
+
+    ready = tmp_path / "READY"
+    with job(tmp_path, "ok", STEPS="4", READY=str(ready)) as first:
+        ip = magics_on(attached(first.folder))
+        ready.touch()
+        first.finals()  # the job ran to its end while attached
+        # the next look says so in one line, and the notebook lets go of the job
+        with pytest.raises(UsageError, match=r"^job ok-0 has ended \(exit status 0\): its "):
+            ip.run_cell_magic("attached", "", "print(step)")
+        with pytest.raises(UsageError, match=r"no job is attached"):
+            ip.run_cell_magic("attached", "", "print(step)")
+    second_ready = tmp_path / "READY2"
+    with job(tmp_path, "ok", STEPS="4", READY=str(second_ready)) as second:
+        attached(second.folder).detach()  # its agents are up
+        capsys.readouterr()
+        view = ip.run_line_magic("dist_attach", str(second.folder))
+        assert repr(view).startswith("job ok-1 (2 ranks"), repr(view)
+        second_ready.touch()
+        second.finals()
+        # the Python API: the ended job's status is a view that says so, detach is quiet
+        j = ip.magics_manager.registry["AttachMagics"].job
+        assert "ended" in repr(j.status()).splitlines()[0]
+        assert j.gone
+        ip.run_line_magic("dist_attach", "")  # said, then let go: nothing attached
+        assert ip.magics_manager.registry["AttachMagics"].job is None

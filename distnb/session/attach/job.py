@@ -60,6 +60,7 @@ class AttachedJob:
         self.ranks = list(range(world_size))
         self.prompts = JobPrompts(link.store, self.ranks)
         self.attached = True
+        self.gone = False  # its control plane went away: the job ended while attached
         # breakpoints set from the notebook, per rank: file found there -> as DAP writes them
         self.breaks: dict[int, dict[str, list[dict[str, Any]]]] = {}
         self.visual: JobPanel | None = None  # JupyterLab's panel on the ranks
@@ -77,8 +78,16 @@ class AttachedJob:
     # --- reading ------------------------------------------------------------------------------
 
     def snapshots(self, timeout_s: float = 2.0) -> list[RankSnapshot]:
-        """Each rank's state and live stack, in rank order."""
-        replies = self._ask(Status(), None, timeout_s)
+        """Each rank's state and live stack, in rank order (every rank gone, once the job has
+        ended)."""
+        if self.gone:
+            return [self._ended(rank) for rank in self.ranks]
+        try:
+            replies = self._ask(Status(), None, timeout_s)
+        except SessionError:
+            if not self.gone:
+                raise
+            return [self._ended(rank) for rank in self.ranks]
         out = []
         for rank in self.ranks:
             reply = replies.get(rank)
@@ -111,6 +120,18 @@ class AttachedJob:
             source=source,
         )
 
+    def _ended(self, rank: int) -> RankSnapshot:
+        return RankSnapshot(rank, "", 0, AgentState.GONE, len(self.ranks), where="ended")
+
+    def ended_words(self) -> str:
+        """The one line for a job whose control plane went away while attached."""
+        status = self.folder.ended()
+        how = f" (exit status {status})" if status is not None else ""
+        return (
+            f"job {self.link.endpoint.run} has ended{how}: its control plane is gone; "
+            "%dist_attach attaches to the next run (distnb.attach())"
+        )
+
     def events(self, last: int = 1000) -> dict[int, list[tuple[CollectiveEvent, Fingerprint]]]:
         """Each rank's last `last` collectives, with their fingerprints."""
         replies = self._ask(Events(last), None, 5.0)
@@ -141,7 +162,9 @@ class AttachedJob:
         )
         if ended is not None:
             title += f": ended, exit status {ended}"
-        return JobView(title, tuple(snaps), tuple(self.verdicts(snaps)))
+        elif self.gone:
+            title += ": ended (its control plane is gone)"
+        return JobView(title, tuple(snaps), () if self.gone else tuple(self.verdicts(snaps)))
 
     def timeline(self, last: int = 200) -> Any:
         """The last collectives of every rank on a timeline (`distnb.views.timeline`)."""
@@ -261,7 +284,16 @@ class AttachedJob:
         ranks resumed; the notebook lets go of the job's control plane."""
         if not self.attached:
             return
-        self._ask(Detach(), None)
+        if self.gone:  # nothing left to let go of
+            self.attached = False
+            return
+        try:
+            self._ask(Detach(), None)
+        except SessionError:
+            if not self.gone:
+                raise
+            self.attached = False
+            return
         for request in self.prompts.asks():
             self.prompts.answer(request.n, answer_line(Detach()))
         if self.visual is not None:  # last: ranks in the panel go on, the job may end at once
@@ -290,7 +322,16 @@ class AttachedJob:
     ) -> dict[int, Reply]:
         if not self.attached:
             raise SessionError("this job is detached: attach again with distnb.attach(...)")
-        replies = self.link.ask(self.ranks if ranks is None else ranks, request, timeout_s)
+        if self.gone:
+            raise SessionError(self.ended_words())
+        try:
+            replies = self.link.ask(self.ranks if ranks is None else ranks, request, timeout_s)
+        except RuntimeError as exc:
+            if not connection_lost(exc):
+                raise
+            self.gone = True  # the job's launcher, which hosts its control plane, has ended
+            self.link.close()
+            raise SessionError(self.ended_words()) from None
         errors = {r: rep.error for r, rep in replies.items() if rep.error is not None}
         if errors:
             rank, error = min(errors.items())
@@ -306,3 +347,9 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Is `exc` the job's control plane gone (torch's store says so with a DistNetworkError:
+    "Broken pipe", "Failed to recv, got 0 bytes")?"""
+    return isinstance(exc, RuntimeError) and type(exc).__name__ == "DistNetworkError"
