@@ -119,6 +119,21 @@ def test_stopped_and_resumed_the_job_ends_bit_for_bit_as_never_attached(tmp_path
         assert jb.finals() == expected and len(expected) == 2
 
 
+def test_stopped_and_held_ranks_write_nothing_to_the_jobs_output(tmp_path: Path) -> None:
+    ready = tmp_path / "READY"
+    with job(tmp_path, "wait", STEPS="4", READY=str(ready)) as jb:
+        j = attached(jb.folder)
+        j.stop([0])  # rank 0 stops in the debugger, rank 1 is held before its next collective
+        ready.touch()
+        settled(j, {0: AgentState.STOPPED, 1: AgentState.HELD})
+        before = len(jb.log.read_text())
+        time.sleep(2.0)  # a while of being stopped and held: what it writes, if anything
+        written = jb.log.read_text()[before:]
+        assert "waitForInput" not in written and "likely a timeout" not in written, written
+        j.detach()
+        assert set(jb.finals()) == {0, 1}
+
+
 def test_a_nan_rank_is_found_from_the_stopped_frames(tmp_path: Path) -> None:
     ready = tmp_path / "READY"
     with job(tmp_path, "nan", STEPS="6", SKIP_AT="2", READY=str(ready), LINGER="1") as jb:

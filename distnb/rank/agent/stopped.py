@@ -24,14 +24,13 @@ import sys
 import time
 import traceback
 from collections import ChainMap
-from datetime import timedelta
 from typing import Any, cast
 
 from torch.distributed import DistStoreError
 
 from distnb.contract import keys
 from distnb.rank.agent import frames, panel
-from distnb.rank.debug.ask import Asker
+from distnb.rank.debug.ask import POLL_S, Asker
 from distnb.rank.debug.debugger import RankPdb
 from distnb.records.agent import (
     PROMPT_MARK,
@@ -48,7 +47,6 @@ from distnb.records.agent import (
 __all__ = ["LEASE_S", "AgentAsker", "AgentPdb", "Lease", "Out"]
 
 LEASE_S = 10.0  # a notebook silent this long is gone
-_SLICE = timedelta(milliseconds=100)
 
 
 class Lease:
@@ -111,16 +109,15 @@ class AgentAsker(Asker):
         self.lease.renew()
         while True:
             try:
-                self.store.wait([key], _SLICE)
-            except DistStoreError:  # a slice passed without an answer
-                if not self.lease.alive():
-                    return answer_line(Detach())
-                continue
+                if self.store.check([key]):
+                    value: bytes = self.store.get(key)
+                    self.store.delete_key(key)
+                    return value.decode()
             except RuntimeError:  # the control plane is gone
                 return answer_line(Detach())
-            value: bytes = self.store.get(key)
-            self.store.delete_key(key)
-            return value.decode()
+            if not self.lease.alive():
+                return answer_line(Detach())
+            time.sleep(POLL_S)  # polled: a store wait's timeout writes a line to the job's stderr
 
 
 class AgentPdb(RankPdb):

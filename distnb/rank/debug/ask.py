@@ -10,10 +10,8 @@ and the request says how much there was: the kernel shows it all before the prom
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
+import time
 from typing import Any
-
-from torch.distributed import DistStoreError
 
 from distnb.contract import keys, posts
 from distnb.rank.debug.stops import begin_run as begin_stops
@@ -25,7 +23,7 @@ from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
 __all__ = ["Asker", "NoInput", "Quit"]
 
 # How long one wait for the answer blocks before Python gets to handle a signal.
-SLICE = timedelta(milliseconds=100)
+POLL_S = 0.02  # how soon an answer is read
 
 
 class NoInput(EOFError):
@@ -114,14 +112,14 @@ class Asker:
         )
 
     def _wait(self, key: str) -> str:
-        while True:
-            try:
-                self.store.wait([key], SLICE)
-            except DistStoreError:  # this slice timed out; signals are handled between slices
-                continue
-            value: bytes = self.store.get(key)
-            self.store.delete_key(key)
-            return value.decode()
+        # Polled, not waited on: each store wait that times out makes torch write a warning
+        # line ("waitForInput: poll for socket ... returned 0, likely a timeout") to the
+        # process's stderr; Ctrl-C is handled between polls.
+        while not self.store.check([key]):
+            time.sleep(POLL_S)
+        value: bytes = self.store.get(key)
+        self.store.delete_key(key)
+        return value.decode()
 
     def _beacon(self, state: BeaconState, site: CallSite | None) -> None:
         beacon = Beacon(self.rank, state, self.run_id, site=site)
