@@ -148,10 +148,30 @@ def env_lines() -> str:
     )
 
 
+USAGE = """usage: python -m distnb.run [distnb's options] [torchrun's options] SCRIPT [ARGS]
+
+torchrun, attachable: the same arguments as torchrun, and a notebook can attach to the job
+(%dist_attach, distnb.attach()). distnb's options come first:
+  --distnb-run NAME   the run's name (default: the Slurm job's id, else the time and the pid)
+  --distnb-host ADDR  the address the job's control plane listens on (default: loopback)
+  --distnb-env        print the shell lines that make plain `torchrun` attachable:
+                      eval "$(python -m distnb.run --distnb-env)"
+Run folders: $DISTNB_RUNS, else ~/.distnb/runs.
+
+torchrun's own options follow.
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [_ENV]:
         print(env_lines(), end="")
+        return
+    if _asks_help(args):
+        print(USAGE)
+        from torch.distributed.run import get_args_parser
+
+        get_args_parser().print_help()
         return
     try:
         own, args = split(args)
@@ -173,6 +193,17 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         hosted.end(status)
+
+
+def _asks_help(args: list[str]) -> bool:
+    """`-h` or `--help` among the launcher's options (before the script, whose own they are
+    after it)."""
+    for arg in args:
+        if arg in ("-h", "--help"):
+            return True
+        if not arg.startswith("-") and arg.endswith(".py"):
+            return False
+    return not args
 
 
 if __name__ == "__main__":

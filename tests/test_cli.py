@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,22 @@ def test_demo_tells_its_stories_and_writes_the_timeline(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "timeline.png").stat().st_size > 1000
     trace = json.loads((tmp_path / "out" / "timeline.json").read_text())
     assert trace["traceEvents"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], [], ["--nproc-per-node", "2", "--help"]])
+def test_the_launchers_help_lists_distnbs_options_then_torchruns(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, "-m", "distnb.run", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DISTNB_RUNS": str(runs)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("usage: python -m distnb.run [distnb's options]")
+    assert out.index("--distnb-host ADDR") < out.index("--nproc-per-node")  # distnb's first
+    assert not runs.exists() or not any(runs.iterdir())  # asking for help starts no job

@@ -125,7 +125,12 @@ def test_stopped_and_held_ranks_write_nothing_to_the_jobs_output(tmp_path: Path)
         j = attached(jb.folder)
         j.stop([0])  # rank 0 stops in the debugger, rank 1 is held before its next collective
         ready.touch()
-        settled(j, {0: AgentState.STOPPED, 1: AgentState.HELD})
+        snaps = settled(j, {0: AgentState.STOPPED, 1: AgentState.HELD})
+        # a stopped rank's stack is the job's (to the collective it stopped before), without
+        # the debugger's machinery it sits in
+        files = [f.file for f in snaps[0].stack]
+        assert str(TRAIN) in files and files[-1].endswith("distributed_c10d.py"), files
+        assert not [f for f in files if f.endswith(("/pdb.py", "/bdb.py", "/cmd.py"))], files
         before = len(jb.log.read_text())
         time.sleep(2.0)  # a while of being stopped and held: what it writes, if anything
         written = jb.log.read_text()[before:]

@@ -19,8 +19,11 @@ Requests are the records of `distnb.records.agent` (`AgentRequest`), answered wi
 
 from __future__ import annotations
 
+import bdb
+import cmd
 import linecache
 import os
+import pdb
 import socket
 import sys
 import threading
@@ -59,6 +62,8 @@ _FOREVER = timedelta(days=365)
 _STRANGER_S = 0.05
 _MAIN = threading.main_thread()
 _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+# the debugger's own machinery, between a stopped rank's frame and distnb's: not the user's stack
+_DEBUGGER = frozenset(os.path.abspath(m.__file__ or "") for m in (bdb, cmd, pdb))
 
 
 class Served(AgentSurface, Protocol):
@@ -189,14 +194,15 @@ def _fingerprint(tape: Any, entry: list[Any]) -> Any:
 
 
 def main_stack() -> tuple[StackFrame, ...]:
-    """The main thread's stack, outermost first, without distnb's own frames."""
+    """The main thread's stack, outermost first, without distnb's own frames or the
+    debugger's (pdb, bdb, cmd: a stopped rank sits in them)."""
     frame = sys._current_frames().get(_MAIN.ident or -1)
     if frame is None:
         return ()
     return tuple(
         StackFrame(e.filename, e.lineno or 0, e.name, (e.line or "").strip())
         for e in traceback.extract_stack(frame)
-        if not e.filename.startswith(_OWN)
+        if not e.filename.startswith(_OWN) and os.path.abspath(e.filename) not in _DEBUGGER
     )
 
 
