@@ -9,6 +9,9 @@
   the user alone (mode 0600, in a 0700 folder): whoever can read it can attach, nobody else;
 - `ended` once the launcher has returned (its exit status).
 
+A launcher that makes a run folder prunes those of ended runs, keeping the newest `KEEP_ENDED`
+(a notebook may still read what one said); folders of runs that have not ended are never touched.
+
 The run id is the Slurm job's (`slurm-<job id>`) inside a Slurm job, the name given with
 `--distnb-run`, or the start time and the launcher's pid. Pure: no torch, so the notebook reads
 it cheaply.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +30,10 @@ from pathlib import Path
 from distnb.errors import ConfigError
 from distnb.records.codec import Record
 
-__all__ = ["RUNS_VAR", "Endpoint", "RunFolder", "base", "run_id"]
+__all__ = ["KEEP_ENDED", "RUNS_VAR", "Endpoint", "RunFolder", "base", "prune", "run_id"]
 
 RUNS_VAR = "DISTNB_RUNS"
+KEEP_ENDED = 10  # ended runs' folders kept, the newest
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,28 @@ def run_id(name: str | None = None) -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
+def prune(root: Path, keep: int = KEEP_ENDED) -> list[Path]:
+    """Remove the folders of ended runs under `root` but the newest `keep`; the ones removed.
+    A folder another launcher removes meanwhile is no error."""
+    ended = sorted(
+        (p.parent for p in root.glob("*/ended")),
+        key=lambda folder: _mtime(folder / "ended"),
+        reverse=True,
+    )
+    removed = []
+    for folder in ended[keep:]:
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 class RunFolder:
     """One run folder (see the module)."""
 
@@ -71,6 +98,7 @@ class RunFolder:
         """A new folder for `run`, readable by the user alone; ConfigError if it exists."""
         root = base()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        prune(root)
         path = root / run
         try:
             path.mkdir(mode=0o700)
