@@ -48,6 +48,7 @@ def wait(address: int, expected: int, timeout_ns: int) -> None:
     Returns on a `wake`, a changed value, the timeout or a signal (Python then raises
     KeyboardInterrupt at its next instruction); callers re-check their condition.
     """
+    __tracebackhide__ = True  # a rank released from here shows the user's line, not this
     assert _libc is not None
     ts = _Timespec(timeout_ns // 1_000_000_000, timeout_ns % 1_000_000_000)
     _libc.syscall(

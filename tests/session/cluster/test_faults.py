@@ -35,7 +35,7 @@ from distnb.session.cluster.engines import Local
 from distnb.session.cluster.members import Member, Members, Role
 from distnb.session.control import boards_pattern
 from distnb.session.options import REGISTER_TIMEOUT_S
-from harness.processes import NAMED_S, children_of_this_process, running_pids
+from harness.processes import NAMED_S, children_of_this_process, plain, running_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -191,6 +191,23 @@ def test_a_rank_waiting_at_a_collective_killed(matrix: Matrix) -> None:
     assert isinstance(err, RankDiedError) and f"rank 0 (pid {pid} on" in str(err)
     assert "killed by SIGKILL" in str(err)
     assert time.monotonic() - killed[0] < NAMED_S
+    matrix.recover()
+
+
+def test_a_peer_released_after_a_death_shows_the_users_line_and_one_frame_of_distnb(
+    matrix: Matrix,
+) -> None:
+    """IPython shows a traceback's innermost frame even where it is hidden: of distnb's frames,
+    the survivor's shows only the one it waited in (the board's and the exchange's are not)."""
+    s = matrix.s
+    code = "x = torch.ones(4)\nif rank == 1:\n    os.kill(os.getpid(), 9)\ndist.all_reduce(x)\n"
+    err, _ = raised(s, "import os\n" + code)
+    assert isinstance(err, RankDiedError) and "rank 1 (pid" in str(err)
+    (survivor,) = [f for f in err.failures if f.rank == 0]
+    trace = plain(survivor.traceback)
+    assert "dist.all_reduce(x)" in trace  # the user's line, where rank 0 waited
+    own = [line for line in trace.splitlines() if line.startswith("File ") and "/distnb/" in line]
+    assert len(own) == 1 and "futex.py" in own[0], trace
     matrix.recover()
 
 

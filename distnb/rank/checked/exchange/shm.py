@@ -136,6 +136,7 @@ class ShmBoard:
 
     def block(self, ring: int, stamp: int, timeout_ns: int, attempt: int) -> None:
         """Sleep until ring's writer posts again (or `timeout_ns`); the caller re-checks."""
+        __tracebackhide__ = True  # a rank released from here shows the user's line, not this
         bell = _BELL.unpack_from(self.mm, _BELL_SPACING * ring)[0]
         if self.read(ring, stamp) is not None:
             return

@@ -88,6 +88,7 @@ class StoreBoard:
 
     def block(self, ring: int, stamp: int, timeout_ns: int, attempt: int) -> None:
         """Sleep a little before the next poll: each poll is a round trip to the store."""
+        __tracebackhide__ = True  # a rank released from here shows the user's line, not this
         time.sleep(backoff_s(attempt, timeout_ns))
 
     def window(self) -> tuple[int, int]:
