@@ -46,6 +46,7 @@ from distnb.records.agent import (
 
 __all__ = ["LEASE_S", "AgentAsker", "AgentPdb", "Lease", "Out"]
 
+LEASE_EVERY_S = 0.1  # how often a waiting rank looks at the notebook's lease
 LEASE_S = 10.0  # a notebook silent this long is gone
 
 
@@ -107,6 +108,7 @@ class AgentAsker(Asker):
 
     def _wait(self, key: str) -> str:
         self.lease.renew()
+        lease_due = time.monotonic() + LEASE_EVERY_S
         while True:
             try:
                 if self.store.check([key]):
@@ -115,8 +117,10 @@ class AgentAsker(Asker):
                     return value.decode()
             except RuntimeError:  # the control plane is gone
                 return answer_line(Detach())
-            if not self.lease.alive():
-                return answer_line(Detach())
+            if time.monotonic() >= lease_due:  # the lease costs two round trips: not every poll
+                if not self.lease.alive():
+                    return answer_line(Detach())
+                lease_due = time.monotonic() + LEASE_EVERY_S
             time.sleep(POLL_S)  # polled: a store wait's timeout writes a line to the job's stderr
 
 

@@ -352,4 +352,6 @@ def _alive(pid: int) -> bool:
 def connection_lost(exc: BaseException) -> bool:
     """Is `exc` the job's control plane gone (torch's store says so with a DistNetworkError:
     "Broken pipe", "Failed to recv, got 0 bytes")?"""
-    return isinstance(exc, RuntimeError) and type(exc).__name__ == "DistNetworkError"
+    from torch.distributed import DistNetworkError  # loaded already: the link is torch's store
+
+    return isinstance(exc, DistNetworkError)

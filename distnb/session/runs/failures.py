@@ -103,12 +103,13 @@ def run_error(
     beacons of those left `waiting`)."""
     from distnb.rank import runtime
 
+    posted_record = posted(result.run_id)  # taken whatever the failures: no key outlives its run
     mismatch: Mismatch | None = None
     skipped = ""
     if only_checked(result.failures):
         kinds = {f.ename for f in result.failures}
         if "CollectiveMismatchError" in kinds:
-            mismatch = posted(result.run_id)
+            mismatch = posted_record
         else:
             run_id = result.run_id
             events = [e for per_rank in call(runtime.events, run_id) for e in per_rank]
