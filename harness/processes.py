@@ -126,9 +126,9 @@ class Interrupter(threading.Thread):
     are then inside the code to interrupt. `sent` is when it did (None if the ranks never got
     there). Join it after the interrupted call."""
 
-    def __init__(self, marker: Path, ranks: tuple[int, ...]) -> None:
+    def __init__(self, marker: Path, ranks: tuple[int, ...], after_s: float = 0.0) -> None:
         super().__init__(name="interrupter", daemon=True)
-        self.marker, self.ranks = marker, ranks
+        self.marker, self.ranks, self.after_s = marker, ranks, after_s
         self.sent: float | None = None
 
     def run(self) -> None:
@@ -137,12 +137,15 @@ class Interrupter(threading.Thread):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.01)
+        time.sleep(self.after_s)
         self.sent = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def interrupt_once_created(marker: Path, ranks: tuple[int, ...]) -> Interrupter:
-    """Start an `Interrupter` (see there)."""
-    thread = Interrupter(marker, ranks)
+def interrupt_once_created(
+    marker: Path, ranks: tuple[int, ...], after_s: float = 0.0
+) -> Interrupter:
+    """Start an `Interrupter` (see there), which waits `after_s` more before it sends."""
+    thread = Interrupter(marker, ranks, after_s)
     thread.start()
     return thread

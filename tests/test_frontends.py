@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +46,9 @@ class Terminal:
                 "--TerminalInteractiveShell.term_title=False",
             ],
             cwd=str(ROOT),
-            env={**os.environ, "IPYTHONDIR": str(ipython_dir)},
+            # PYTHONFAULTHANDLER: a prompt that never comes back is failed with every thread's
+            # stack (`wait` sends SIGABRT), not only with the screen's last line
+            env={**os.environ, "IPYTHONDIR": str(ipython_dir), "PYTHONFAULTHANDLER": "1"},
             encoding="utf-8",
             timeout=180,
             dimensions=(50, 200),
@@ -68,7 +71,14 @@ class Terminal:
         return plain(self.child.after)
 
     def wait(self) -> str:
-        self.child.expect(PROMPT)
+        import pexpect
+
+        try:
+            self.child.expect(PROMPT)
+        except pexpect.TIMEOUT:
+            self.child.kill(signal.SIGABRT)
+            self.child.expect([pexpect.EOF, pexpect.TIMEOUT], timeout=10)
+            pytest.fail(f"no prompt; the terminal's last output and stacks:\n{self.child.before}")
         self.prompt = plain(self.child.after)
         return plain(self.child.before.replace("\r\n", "\n"))
 

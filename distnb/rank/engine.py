@@ -49,7 +49,7 @@ class EngineStream(OutStream):
     sends them apart, so `a` to stdout, `b` to stderr, `c` to stdout arrived as `ac`, then `b`.
     A write to one stream first sends what the other holds (a flush waits on ipykernel's I/O
     thread, which sends messages one after another), which costs only when a cell switches
-    streams.
+    streams. A write that Ctrl-C cuts short still gets its flush.
     """
 
     written = 0
@@ -72,9 +72,20 @@ class EngineStream(OutStream):
         other = self._pair.get("stderr" if self.name == "stdout" else "stdout")
         if other is not None and other._flush_pending:
             other.flush()  # type: ignore[no-untyped-call]
-        n = super().write(string)
+        try:
+            n = super().write(string)
+        except KeyboardInterrupt:
+            # Ctrl-C between ipykernel marking a flush pending and scheduling it (its
+            # `_schedule_flush`) leaves every later write of this process in the buffer,
+            # unsent: the next cells printed nothing. One more flush sends nothing twice.
+            if self._flush_pending:
+                self.pub_thread.schedule(self._flush_soon)
+            raise
         self.written += len(string)
         return n or 0
+
+    def _flush_soon(self) -> None:  # on ipykernel's I/O thread, as its own schedule does
+        self._io_loop.call_later(self.flush_interval, self._flush)
 
 
 class Engine(IPEngine):  # type: ignore[misc]

@@ -24,7 +24,7 @@ from distnb.contract import keys
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import Mismatch
 from distnb.records.debug import InputRequest
-from distnb.session.importing import import_whole
+from distnb.session.interrupts import import_whole
 
 KEEP_EVERY_S = 0.25  # how often `keep` looks at the kernel's posts while a run waits
 TELL_EVERY_S = 30.0  # how often the kernel says that one key of its own was forged

@@ -31,6 +31,7 @@ from typing import Protocol
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankState
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
+from distnb.session import interrupts
 from distnb.session.debugger import many
 from distnb.session.load import stretched
 
@@ -179,7 +180,8 @@ class Desk:
             )
         while True:
             try:
-                line = self._input(f"[rank {request.rank}] {request.prompt}", request.kind)
+                with interrupts.let_through():  # the cell's wait holds Ctrl-C; a prompt not
+                    line = self._input(f"[rank {request.rank}] {request.prompt}", request.kind)
             except KeyboardInterrupt:
                 print(f"distnb: interrupted: rank {request.rank} leaves the debugger", flush=True)
                 return QUIT

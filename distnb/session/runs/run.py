@@ -20,6 +20,7 @@ from distnb.judgement.circles import held_up_by
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import BeaconState
 from distnb.records.cell import RankFailure, RankInfo, RankState
+from distnb.session import interrupts
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
 from distnb.session.cluster.members import Member, Role
@@ -105,6 +106,13 @@ class CellRun:
 
     def wait(self) -> CellResult:
         __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        # Ctrl-C is taken once per slice, never inside ipyparallel's or threading's locks
+        # (`interrupts`): a KeyboardInterrupt there could leave one held and hang the kernel
+        with interrupts.held() as noted:
+            return self._wait(noted)
+
+    def _wait(self, noted: interrupts.Held) -> CellResult:
+        __tracebackhide__ = True
         assert self.output is not None, "start() the run first"
         timeout = self.request.timeout
         start = time.monotonic()
@@ -112,7 +120,9 @@ class CellRun:
         looked = read = start
         try:
             while not self._all_done():
+                noted.check()
                 self._wake.wait(0.05)
+                noted.check()
                 self._wake.clear()
                 if self.output.live and self._output_due():
                     self.output.update(self._outputs(), self._printing)

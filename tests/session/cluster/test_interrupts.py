@@ -1,5 +1,7 @@
-"""Ctrl-C while a session starts: the kernel's import of torch stays whole, the start says in one
-line that it was interrupted and left nothing running, and the next `%dist_start` works.
+"""Ctrl-C where the kernel holds it (`distnb.session.interrupts`): noted, raised where the code
+asks, let through at a prompt; and while a session starts: the kernel's import of torch stays
+whole, the start says in one line that it was interrupted and left nothing running, and the next
+`%dist_start` works.
 
 Each case runs in a fresh interpreter (this one imported torch long ago), and Ctrl-C (SIGINT,
 as a terminal and Jupyter's interrupt send it) comes half-way through torch's import, once
@@ -9,9 +11,12 @@ line, torch's import is simply undone)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -39,7 +44,7 @@ def run(code: str, timeout_s: float = 300) -> str:
 def test_an_interrupted_import_of_torch_is_finished_then_raised() -> None:
     out = run(
         """
-        from distnb.session.importing import import_whole
+        from distnb.session.interrupts import import_whole
         try:
             import_whole("torch.distributed")
             print("not interrupted")
@@ -53,6 +58,24 @@ def test_an_interrupted_import_of_torch_is_finished_then_raised() -> None:
         "interrupted: interrupted while importing torch.distributed (the import was finished)",
         "whole: True",
     ]
+
+
+def test_a_held_interrupt_is_raised_where_the_code_asks_and_a_prompt_lets_it_through() -> None:
+    from distnb.session import interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    with interrupts.held() as noted:
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before kill returns
+        assert noted.count == 1  # noted, not raised
+        with pytest.raises(KeyboardInterrupt):
+            noted.check()
+        noted.check()  # raised once
+        with pytest.raises(KeyboardInterrupt), interrupts.let_through():
+            os.kill(os.getpid(), signal.SIGINT)  # a prompt's input(): Ctrl-C raises there
+            time.sleep(5)
+        os.kill(os.getpid(), signal.SIGINT)  # held again after the prompt
+        assert noted.count == 1
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 @pytest.mark.cluster

@@ -139,6 +139,30 @@ def test_ctrl_c_interrupts_the_ranks_and_keeps_the_cluster(
     assert "[rank 0] still here 0" in capsys.readouterr().out
 
 
+@pytest.mark.check
+def test_ctrl_c_at_any_moment_of_a_busy_cell_leaves_a_working_kernel(
+    session: Session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ranks print as fast as they can, so that ipyparallel's I/O thread takes its locks
+    all the time, and Ctrl-C comes at a different moment of the kernel's wait each round: each
+    is one KeyboardInterrupt, and the next cell runs (a KeyboardInterrupt raised inside a lock
+    the I/O thread also takes once left it held and the kernel hung for good)."""
+    marker = tmp_path / "printing"
+    code = (
+        f"import pathlib\npathlib.Path({str(marker)!r} + str(rank)).touch()\n"
+        "while True:\n    print(rank, 'x' * 60)"
+    )
+    for round_ in range(8):
+        for r in (0, 1):
+            Path(f"{marker}{r}").unlink(missing_ok=True)
+        thread = interrupt_once_created(marker, ranks=(0, 1), after_s=0.013 * round_)
+        with pytest.raises(KeyboardInterrupt):
+            session.run(code)
+        thread.join()
+        capsys.readouterr()
+        assert session.run("rank + 1").result(1) == "2", f"round {round_}"
+
+
 def test_cells_leave_nothing_behind_in_the_kernel_s_client(session: Session) -> None:
     """ipyparallel clears a request's reply and output, but keeps its id in the client's
     history for ever; distnb drops the ids of its finished requests (cells, calls, probes),
