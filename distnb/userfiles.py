@@ -16,13 +16,14 @@ import os
 import sysconfig
 from collections.abc import Sequence
 
-__all__ = ["is_users", "script_paths"]
+__all__ = ["is_library", "is_users", "script_paths"]
 
 _LIBRARY_ROOTS = {
     os.path.abspath(p)
     for key in ("purelib", "platlib", "stdlib", "platstdlib")
     if (p := sysconfig.get_paths().get(key))
 }
+_LIBRARIES = (*(root + os.sep for root in _LIBRARY_ROOTS), "<frozen")
 
 
 def script_paths(script: str) -> tuple[str, ...]:
@@ -42,3 +43,9 @@ def script_paths(script: str) -> tuple[str, ...]:
 def is_users(path: str, paths: Sequence[str]) -> bool:
     """Whether the file at `path` (absolute) is one of `paths` or lies in one of its folders."""
     return any(path == p or (p.endswith(os.sep) and path.startswith(p)) for p in paths)
+
+
+def is_library(path: str, script: Sequence[str] = ()) -> bool:
+    """Whether the file at `path` is installed code or the standard library (not one of the
+    `script`'s paths, which are the user's wherever they lie)."""
+    return path.startswith(_LIBRARIES) and not is_users(path, script)

@@ -52,11 +52,12 @@ from distnb.records.agent import (
     loads_request,
 )
 from distnb.records.attach import AgentState, OpenCall, RankSnapshot, StackFrame
+from distnb.userfiles import is_library
 
 if TYPE_CHECKING:
     from distnb.rank.agent.safepoints import SafePoints
 
-__all__ = ["Server", "check_line", "find_file", "main_stack"]
+__all__ = ["Server", "check_line", "find_file", "main_stack", "users_frames"]
 
 _FOREVER = timedelta(days=365)
 _STRANGER_S = 0.05
@@ -194,16 +195,23 @@ def _fingerprint(tape: Any, entry: list[Any]) -> Any:
 
 
 def main_stack() -> tuple[StackFrame, ...]:
-    """The main thread's stack, outermost first, without distnb's own frames or the
-    debugger's (pdb, bdb, cmd: a stopped rank sits in them)."""
+    """The main thread's stack, outermost first, as `users_frames` keeps it."""
     frame = sys._current_frames().get(_MAIN.ident or -1)
-    if frame is None:
-        return ()
-    return tuple(
-        StackFrame(e.filename, e.lineno or 0, e.name, (e.line or "").strip())
-        for e in traceback.extract_stack(frame)
-        if not e.filename.startswith(_OWN) and os.path.abspath(e.filename) not in _DEBUGGER
-    )
+    return users_frames(traceback.extract_stack(frame)) if frame is not None else ()
+
+
+def users_frames(stack: list[traceback.FrameSummary]) -> tuple[StackFrame, ...]:
+    """`stack` (outermost first) without distnb's own frames or the debugger's (pdb, bdb, cmd:
+    a stopped rank sits in them), nor the libraries they called (the standard library's
+    `hmac`, as a stopped rank waits for the notebook's answer)."""
+    kept, ours = [], False
+    for e in stack:
+        if e.filename.startswith(_OWN) or os.path.abspath(e.filename) in _DEBUGGER:
+            ours = True
+        elif not (ours and is_library(e.filename)):
+            ours = False
+            kept.append(StackFrame(e.filename, e.lineno or 0, e.name, (e.line or "").strip()))
+    return tuple(kept)
 
 
 def find_file(name: str) -> str:

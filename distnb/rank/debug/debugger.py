@@ -26,7 +26,6 @@ import os
 import pdb
 import re
 import sys
-import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,18 +37,12 @@ from distnb.rank.debug.ask import Asker, NoInput
 from distnb.rank.debug.mesh import coordinates
 from distnb.records.collective import CallSite
 from distnb.records.debug import AskKind
-from distnb.userfiles import is_users, script_paths
+from distnb.userfiles import is_library, script_paths
 
 __all__ = ["RankPdb", "site", "user_stack"]
 
 CellOf = Callable[[str], "int | None"]
 Stack = list[tuple[FrameType, int]]
-
-# Installed libraries and the standard library: code the user did not write.
-_LIBRARIES = (
-    *{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")},
-    "<frozen",
-)
 
 
 # A file path, and the line after it if any, as pdb's messages write them.
@@ -252,8 +245,7 @@ def _script_of(top: FrameType, cell_of: CellOf) -> tuple[str, ...]:
 
 
 def _is_library(frame: FrameType, script: tuple[str, ...] = ()) -> bool:
-    file = frame.f_code.co_filename
-    return file.startswith(_LIBRARIES) and not is_users(file, script)
+    return is_library(frame.f_code.co_filename, script)
 
 
 @contextmanager
