@@ -6,8 +6,9 @@ from the run before. A rank's process lives for the whole session, so each piece
 is captured when the rank joins (`remember`), set back to it when a run starts, and the cells'
 own put back when the run ends (`as_fresh`): `reset`, over parts of that state each captured,
 made fresh and put back. Which modules a run imports afresh: `modules`; the interpreter's
-state: `interpreter`; torch's switches: `switches`; torch's config modules, the random
-generators and process groups: `torchstate`.
+state: `interpreter`; what tells a notebook from a script (`sys.ps1`, IPython's builtins and
+shell, which frameworks probe): `notebook`; torch's switches: `switches`; torch's config
+modules, the random generators and process groups: `torchstate`.
 
 Why not a new process per run: the rank's process carries the engine (its output, stdin and
 debugger, live stacks, Ctrl-C, death reports) and the checked runtime; a process forked per run

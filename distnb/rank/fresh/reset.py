@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from distnb.rank.fresh import interpreter, torchstate
 from distnb.rank.fresh.modules import ModulesPart
+from distnb.rank.fresh.notebook import NotebookPart
 from distnb.rank.fresh.switches import SwitchesPart
 
 __all__ = ["as_fresh", "forget", "remember"]
@@ -32,7 +33,13 @@ class Part(Protocol):
 
 _modules = ModulesPart()
 # modules first: the parts after it may import (numpy's generator, torch's config modules)
-PARTS: tuple[Part, ...] = (_modules, *interpreter.PARTS, SwitchesPart(), *torchstate.PARTS)
+PARTS: tuple[Part, ...] = (
+    _modules,
+    *interpreter.PARTS,
+    NotebookPart(),
+    SwitchesPart(),
+    *torchstate.PARTS,
+)
 _joined: list[tuple[Part, Any]] | None = None
 
 
