@@ -6,13 +6,18 @@ control plane so that rank tracebacks and call sites say the same `In[N]` as the
 begins the run for the checked runtime and the debugger; `post_run_cell` ends it. Warnings
 raised by a cell's own lines name them the same way (`cell In[7] line 4: UserWarning: ...`),
 not by the file ipykernel compiled the cell as (`/tmp/ipykernel_<pid>/<hash>.py:4`, which
-exists nowhere the user can open). `unbind` (from `shutdown`) takes the hooks off. Outside
+exists nowhere the user can open). A rank is a worker the notebook drives, not a console:
+IPython's `sys.ps1` and `sys.ps2`, by which a script tells it is typed at a prompt, go (Lightning's
+`Trainer` and `Fabric` refuse `strategy="ddp"` where they are; a torchrun worker has neither),
+while the notebook's kernel keeps its own. `unbind` (from `shutdown`) takes the hooks off and
+puts the prompts back. Outside
 ipyparallel (tests, scripts) there is no shell: `namespace()` is empty and no file is a cell.
 """
 
 from __future__ import annotations
 
 import linecache
+import sys
 import warnings
 from contextlib import AbstractContextManager, suppress
 from typing import Any
@@ -35,6 +40,9 @@ _shell: Any = None
 
 # The rank's default group (and through it the control plane's store) while the shell is bound.
 _world: World | None = None
+
+# IPython's `sys.ps1` and `sys.ps2`, taken away while the shell is bound.
+_prompts: dict[str, Any] = {}
 
 # `warnings.formatwarning` as it was before `bind` put `_format_warning` in its place.
 _formatwarning = warnings.formatwarning
@@ -69,6 +77,10 @@ def bind(spec: RankSpec, device: torch.device, world: World) -> None:
     if warnings.formatwarning is not _format_warning:
         _formatwarning, warnings.formatwarning = warnings.formatwarning, _format_warning
     _keep_requests_after_errors(getattr(_shell, "kernel", None))
+    for name in ("ps1", "ps2"):
+        if hasattr(sys, name):
+            _prompts[name] = getattr(sys, name)
+            delattr(sys, name)
     debug.install(world.store, spec.rank, cell_of_file, _shell)
 
 
@@ -103,6 +115,9 @@ def unbind() -> None:
                 _shell.events.unregister(event, hook)
     if warnings.formatwarning is _format_warning:
         warnings.formatwarning = _formatwarning
+    for name, value in _prompts.items():
+        setattr(sys, name, value)
+    _prompts.clear()
     _world = None
 
 

@@ -163,15 +163,17 @@ class RankPdb(pdb.Pdb):
         local) names found in the current scope; exit() returns to the debugger."""
         assert self.curframe is not None
         names = {**self.curframe.f_globals, **self.curframe.f_locals}
-        prompts = getattr(sys, "ps1", None), getattr(sys, "ps2", None)
-        sys.ps1, sys.ps2 = ">>> ", "... "  # the engine's are IPython's
+        prompts = {name: getattr(sys, name) for name in ("ps1", "ps2") if hasattr(sys, name)}
+        sys.ps1, sys.ps2 = ">>> ", "... "  # a rank has none (`distnb.rank.shell`)
         # The engine's displayhook sends a value as the cell's result, shown after the cell's
         # output: the console echoes it as a Python prompt does, in the rank's output, now.
         hook, sys.displayhook = sys.displayhook, sys.__displayhook__
         try:
             _Console(names).interact("*interactive* (exit() returns to the debugger)", exitmsg="")
         finally:
-            sys.ps1, sys.ps2 = prompts
+            del sys.ps1, sys.ps2
+            for name, value in prompts.items():
+                setattr(sys, name, value)
             sys.displayhook = hook
 
     # --- quitting -------------------------------------------------------------------------

@@ -1,19 +1,18 @@
 """What tells a notebook from a script: there in the cells, gone while a script runs.
 
-A rank is an IPython kernel, so in a cell every library that asks sees a notebook, as the same
-code would in Jupyter. A torchrun worker is a plain `python script.py`, and frameworks decide
-from these signs whether they may start at all: Lightning's `Trainer` and `Fabric` refuse
-`strategy="ddp"` where `hasattr(sys, "ps1")` ("not compatible with an interactive
-environment"); tqdm.auto, transformers and Accelerate look for IPython's kernel app in
-`get_ipython().config` (widget bars, notebook launchers); rich looks for `get_ipython` among the
-builtins; code that calls `exit()` needs Python's own (IPython hides it). While a `%dist_run`
-script runs, each probe answers as in a torchrun worker, and the cells get theirs back after:
-`sys.ps1` and `sys.ps2` are gone (a cell's: `'In : '`); `get_ipython`, `__IPYTHON__` and
-`display` are not builtins; `IPython.get_ipython()` is None (a cell's: the rank's shell, a
-kernel's); `exit` and `quit` are Python's. The README's table lists every probe. Already a
-worker's in both: `sys.flags.interactive` (0) and `__main__` (the script's module, with its
-`__file__`: `distnb.rank.scripts`). distnb's own code keeps the rank's shell, which it holds
-(`distnb.rank.shell`) rather than finds through IPython.
+A rank is an IPython kernel, so in a cell the libraries that ask IPython see a notebook, as the
+same code would in Jupyter. A torchrun worker is a plain `python script.py`, and libraries
+decide from these signs how to behave: tqdm.auto, transformers and Accelerate look for IPython's
+kernel app in `get_ipython().config` (widget bars, notebook launchers); rich looks for
+`get_ipython` among the builtins; code that calls `exit()` needs Python's own (IPython hides it).
+While a `%dist_run` script runs, each probe answers as in a torchrun worker, and the cells get
+theirs back after: `get_ipython`, `__IPYTHON__` and `display` are not builtins;
+`IPython.get_ipython()` is None (a cell's: the rank's shell); `exit` and `quit` are Python's;
+`sys.ps1` and `sys.ps2`, which a rank never has (`distnb.rank.shell`), are gone if a cell set
+them. The README's table lists every probe. Already a worker's in both: `sys.flags.interactive`
+(0) and `__main__` (the script's module, with its `__file__`: `distnb.rank.scripts`). distnb's
+own code keeps the rank's shell, which it holds (`distnb.rank.shell`) rather than finds through
+IPython.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def test_a_run_is_a_torchrun_worker_to_every_probe_and_the_cells_are_a_notebook(
     cell = session.run(PROBES)
     for rank in (0, 1):
         assert cell.stdout(rank).splitlines() == [
-            "sys.ps1 True sys.ps2 True",
+            "sys.ps1 False sys.ps2 False",  # a rank is no console: Lightning runs in cells
             "builtins ['get_ipython', '__IPYTHON__', 'display']",
             "IPython.get_ipython() shell",
             "exit IPython.core.autocall quit IPython.core.autocall",
@@ -171,7 +171,7 @@ def test_probes_see_what_they_see_under_torchrun(
         assert rank_lines(ours, rank) == WORKER + WORKER_LIBRARIES, ours
     after = session.run(LIBRARY_PROBES)
     assert after.stdout(0).splitlines() == [
-        "lightning _IS_INTERACTIVE True",
+        "lightning _IS_INTERACTIVE False",
         "tqdm.auto tqdm.asyncio",  # an engine is no ipykernel app: no widget bars
         "rich is_jupyter True",
         "transformers is_in_notebook True",
@@ -217,3 +217,31 @@ def test_a_fabric_all_reduce_of_different_lengths_is_named_at_its_line(
     said = str(caught.value)
     assert "fabric_lengths.py:7" in said and "[3]" in said and "[4]" in said, said
     assert os.path.basename(str(scripts / "fabric_lengths.py")) in said
+
+
+def test_lightning_and_fabric_run_in_cells_on_the_sessions_ranks(
+    session: Session, shell: InteractiveShell, scripts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_line_magic("dist_run", str(scripts / "fit.py"))
+    out = capsys.readouterr().out
+    finals = [[ln for ln in rank_lines(out, r) if ln.startswith("rank ")] for r in (0, 1)]
+    assert finals[0] and finals[0][0].startswith("rank 0 of 2 loss "), out
+    fit = (
+        "import psutil\nbefore = {c.pid for c in psutil.Process().children(recursive=True)}\n"
+        + textwrap.dedent(SCRIPTS["fit.py"])
+        + "after = {c.pid for c in psutil.Process().children(recursive=True)}\n"
+        + "print('new processes', len(after - before))\n"
+    )
+    for _ in range(2):  # a cell's Trainer is the session's ranks, again and again: no forks
+        cell = session.run(fit)
+        for rank in (0, 1):
+            lines = cell.stdout(rank).splitlines()
+            assert [ln for ln in lines if ln.startswith("rank ")] == finals[rank]
+            assert lines[-1] == "new processes 0", lines
+    fabric = session.run(
+        "from lightning.fabric import Fabric\n"
+        "fabric = Fabric(accelerator='cpu', strategy='ddp', devices=2)\n"
+        "fabric.launch()\n"
+        "fabric.all_reduce(torch.ones(3) * (fabric.global_rank + 1), reduce_op='sum').tolist()"
+    )
+    assert fabric.result(0) == fabric.result(1) == "[3.0, 3.0, 3.0]"
