@@ -19,8 +19,8 @@ so gloo never aborts and the process group keeps working::
 The modules, in the order a call meets them: `intercept` (the kernels) and `methods` (a process
 group's methods), `ops` and `funcol` (what each op is about to do), `calls` (a call, described),
 `context` (what the Python-level caller adds: object collectives, DDP models, batches),
-`callsite`, `graphs` and `origin` (where the call was made, in a compiled graph too, and what
-made it), `checker`
+`callsite`, `graphs`, `origin` and `frameworks` (where the call was made, in a compiled graph
+too, and what made it: torch's code or a framework's function), `checker`
 (seq, the exchange and the verdict), `groups` (the groups and channels met, and their boards),
 `p2p` (messages), `exchange` and `futex` (how fingerprints travel: shared memory on one host, the
 control-plane store across hosts), `monitor` (long waits: beacons, the kernel's abort key,

@@ -37,7 +37,7 @@ from types import CodeType, FrameType
 
 import torch
 
-from distnb.rank.checked import graphs, origin
+from distnb.rank.checked import frameworks, graphs, origin
 from distnb.records.collective import CallSite
 from distnb.userfiles import is_users
 
@@ -72,7 +72,7 @@ _MAIN = threading.main_thread()
 # would share an entry. Holding the code keeps its id from being reused. The cell number is
 # looked up per call: IPython names a cell's file after a hash of its text, so the same text
 # run again is a later cell in the same file.
-Info = tuple[CodeType, int, str, "origin.Rule | None"]
+Info = tuple[CodeType, int, str, "origin.Rule | frameworks.Framework | None"]
 _codes: dict[int, Info] = {}
 _lines: dict[tuple[str, int], str] = {}
 # (id(code) or a file, line) -> site; valid while `_codes` holds the code, until the next cell
@@ -123,7 +123,9 @@ def _walk(frame: FrameType | None) -> tuple[Site, str]:
     graph: tuple[FrameType, Info] | None = None  # a compiled function's own frame
     recorded: graphs.Stack = ()  # the stack a compiled graph's node was traced with
     compiled = ""  # the file of the frame that runs the compiled function, once found
-    found = package = ""  # a function's own rule wins over its package's label
+    # a torch function's own rule wins over a framework's (the outermost), and that over a
+    # torch package's label
+    found = framework = package = ""
     while frame is not None:
         code = frame.f_code
         if recorded and not compiled and _runs(code, recorded[-1]):
@@ -133,7 +135,7 @@ def _walk(frame: FrameType | None) -> tuple[Site, str]:
             info = _classify(code)
         if info[1] == 0:
             if found != origin.COMPILED:
-                return _site(frame, info), found or package
+                return _site(frame, info), found or framework or package
             if graph is not None:
                 traced = _traced(recorded, compiled) if compiled else None
                 return _compiled(traced, _site(frame, info))
@@ -144,6 +146,8 @@ def _walk(frame: FrameType | None) -> tuple[Site, str]:
         if rule is not None and not found:
             if isinstance(rule, origin.Package):
                 package = package or rule.label
+            elif isinstance(rule, frameworks.Framework):
+                framework = rule.label
             else:
                 found = rule if isinstance(rule, str) else rule(frame)
                 if found == origin.COMPILED:
@@ -155,7 +159,7 @@ def _walk(frame: FrameType | None) -> tuple[Site, str]:
     if traced is not None:
         return traced, found
     last = graph or fallback
-    return (_site(*last) if last is not None else UNKNOWN), found or package
+    return (_site(*last) if last is not None else UNKNOWN), found or framework or package
 
 
 def _runs(code: CodeType, outermost: tuple[str, int, str, str]) -> bool:
@@ -232,7 +236,9 @@ def _classify(code: CodeType) -> Info:
     if graphs.is_generated(file):
         info: Info = (code, 1, file, origin.COMPILED)  # not the user's line, but the origin
     else:
-        info = (code, _kind(path), file, origin.rule_for(path, code.co_name))
+        name = code.co_name
+        rule = origin.rule_for(path, name) or frameworks.framework_for(path, name)
+        info = (code, _kind(path), file, rule)
     _codes[id(code)] = info
     return info
 

@@ -4,7 +4,8 @@ DDP's constructor and reducer, FSDP2, DTensor and compiled graphs reach a proces
 user's behalf; a report that says only "all_reduce #12 at `loss.backward()`" leaves the user to
 guess. The **origin** names the library code the call came through: "DDP constructor: parameter
 shapes", "FSDP2 all-gather for layers.0", "DTensor redistribute S(0) -> R", "compiled graph",
-"DDP gradient bucket 0 (fc.bias, fc.weight)".
+"DDP gradient bucket 0 (fc.bias, fc.weight)". The frameworks' functions (Lightning's, Fabric's,
+Accelerate's) are named the same way (`frameworks`).
 
 It is read off the same frame walk that finds the call site (`callsite.lookup`): the innermost
 frame between the collective and the user's code whose function is in `RULES` names the origin.

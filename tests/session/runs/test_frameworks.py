@@ -201,6 +201,9 @@ def test_lightning_fits_as_under_torchrun_and_its_classic_hang_is_named(
     assert time.monotonic() - started < NAMED_S
     said = str(caught.value)
     assert "log_on_rank0.py:13" in said and 'self.log("loss", loss, sync_dist=True)' in said, said
+    # each call in the framework's words: the barrier self.log makes, and DDP's bucket
+    assert "barrier() [Lightning self.log(sync_dist=True)]" in said, said
+    assert "[DDP gradient bucket 0 (layer.bias, layer.weight)]" in said, said
     # the session goes on: the same fit again
     shell.run_line_magic("dist_run", str(scripts / "fit.py"))
     out = capsys.readouterr().out
@@ -216,6 +219,7 @@ def test_a_fabric_all_reduce_of_different_lengths_is_named_at_its_line(
     assert time.monotonic() - started < NAMED_S
     said = str(caught.value)
     assert "fabric_lengths.py:7" in said and "[3]" in said and "[4]" in said, said
+    assert "all_reduce #1 on WORLD (Fabric all_reduce)" in said, said
     assert os.path.basename(str(scripts / "fabric_lengths.py")) in said
 
 
