@@ -7,11 +7,11 @@ begins the run for the checked runtime and the debugger; `post_run_cell` ends it
 raised by a cell's own lines name them the same way (`cell In[7] line 4: UserWarning: ...`),
 not by the file ipykernel compiled the cell as (`/tmp/ipykernel_<pid>/<hash>.py:4`, which
 exists nowhere the user can open). A rank is a worker the notebook drives, not a console:
-IPython's `sys.ps1` and `sys.ps2`, by which a script tells it is typed at a prompt, go (Lightning's
-`Trainer` and `Fabric` refuse `strategy="ddp"` where they are; a torchrun worker has neither),
-while the notebook's kernel keeps its own. `unbind` (from `shutdown`) takes the hooks off and
-puts the prompts back. Outside
-ipyparallel (tests, scripts) there is no shell: `namespace()` is empty and no file is a cell.
+IPython's `sys.ps1` and `sys.ps2`, by which a script tells it is typed at a prompt, go
+(Lightning's `Trainer` and `Fabric` refuse `strategy="ddp"` where they are; a torchrun worker
+has neither), while the notebook's kernel keeps its own. `unbind` (from `shutdown`) takes the
+hooks off and puts the prompts back. Outside ipyparallel (tests, scripts) there is no shell:
+`namespace()` is empty and no file is a cell.
 """
 
 from __future__ import annotations
