@@ -285,6 +285,29 @@ def test_ddp_bucket_ends_when_its_data_arrived(ranks: Ranks) -> None:
     assert r0["end_ns"] > r1["backward_ns"], "rank 0's bucket ended before rank 1 sent its data"
 
 
+def s_ddp_buckets_of_the_model_forwarded(rank: int) -> list[str]:
+    """An older DDP model on the same group, still alive, does not lend its parameter names to
+    a newer model's buckets: each backward's bucket is the model forwarded last."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    old = DDP(torch.nn.Linear(4, 2))
+    new = DDP(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    origins = []
+    for model in (new, old, new):
+        model(torch.ones(1, 4)).sum().backward()
+        origins.append(next(e.origin for e in reversed(checked.events()) if e.op == "all_reduce"))
+    return origins
+
+
+def test_ddp_buckets_are_named_by_the_model_forwarded_last(ranks: Ranks) -> None:
+    for origins in values(ranks.run(s_ddp_buckets_of_the_model_forwarded)):
+        assert origins == [
+            "DDP gradient bucket 0 (0.bias, 0.weight)",
+            "DDP gradient bucket 0 (bias, weight)",
+            "DDP gradient bucket 0 (0.bias, 0.weight)",
+        ]
+
+
 def s_ddp(rank: int) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -281,14 +281,14 @@ def _ddp_init_wrapper(init: Any) -> Any:
             init(self, *args, **kwargs)
         finally:
             local.ddp_model = outer
-        origin.DDP_MODELS.add(self)
         origin.remember_buckets(self)
 
     return __init__
 
 
 def _ddp_forward_wrapper(forward: Any) -> Any:
-    """DDP rebuilds its buckets at the start of its second forward: read them again then."""
+    """DDP rebuilds its buckets at the start of its second forward: read them again then. The
+    model forwarded last is the one whose buckets the next backward reduces."""
 
     @functools.wraps(forward)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -297,6 +297,8 @@ def _ddp_forward_wrapper(forward: Any) -> Any:
         if getattr(self, "_has_rebuilt_buckets", False) and self not in _REBUILT:
             _REBUILT.add(self)
             origin.remember_buckets(self)
+        else:
+            origin.forwarded(self)
         return out
 
     return wrapper

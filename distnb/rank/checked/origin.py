@@ -30,10 +30,10 @@ from distnb.rank.checked.calls import group_name
 __all__ = [
     "BACKWARD",
     "COMPILED",
-    "DDP_MODELS",
     "Package",
     "Rule",
     "ddp_bucket",
+    "forwarded",
     "remember_buckets",
     "rule_for",
 ]
@@ -56,10 +56,10 @@ class Package:
 
 Rule = str | Describe | Package
 
-# DDP models of this process (added as they are built, see `context`), to name buckets, and the
-# parameter names in each of their buckets, by id(model)
-DDP_MODELS: weakref.WeakSet[Any] = weakref.WeakSet()
-_buckets: dict[int, list[list[str]]] = {}
+# The DDP models of this process (see `context`), by id, the one whose forward ran last at the end:
+# a backward reduces the buckets of the model it follows, not of an older one still alive on the
+# same group. With each, the parameter names in each of its buckets.
+_models: dict[int, tuple[weakref.ref[Any], list[list[str]]]] = {}
 
 
 def _fqn(frame: FrameType) -> str:
@@ -127,9 +127,9 @@ def rule_for(path: str, function: str) -> Rule | None:
 def ddp_bucket(group: str, index: int) -> str:
     """`DDP gradient bucket 0 (fc.bias, fc.weight)`: bucket `index` of the DDP model on `group`
     (its parameters as `remember_buckets` last read them); without one, only its number."""
-    for model in list(DDP_MODELS):
-        names = _buckets.get(id(model))
-        if names is None or group_name(model.process_group) != group:
+    for ref, names in reversed(list(_models.values())):
+        model = ref()
+        if model is None or group_name(model.process_group) != group:
             continue
         if index < len(names):
             params = names[index]
@@ -158,8 +158,18 @@ def remember_buckets(model: Any) -> None:
         order = list(range(len(params)))[::-1]
         sizes = [int(b) for b in str(data.get("bucket_sizes", "")).split(",") if b.strip()]
         indices = _cut(order, [p.numel() * p.element_size() for _, p in params], sizes)
-    _buckets[id(model)] = [[params[i][0] for i in b if i < len(params)] for b in indices]
-    weakref.finalize(model, _buckets.pop, id(model), None)
+    key = id(model)
+    names = [[params[i][0] for i in b if i < len(params)] for b in indices]
+    if _models.pop(key, None) is None:
+        weakref.finalize(model, _models.pop, key, None)
+    _models[key] = (weakref.ref(model), names)
+
+
+def forwarded(model: Any) -> None:
+    """`model`'s forward ran: the buckets a backward reduces next are its."""
+    entry = _models.pop(id(model), None)
+    if entry is not None:
+        _models[id(model)] = entry
 
 
 def _cut(order: list[int], nbytes: list[int], sizes: list[int]) -> list[list[int]]:
