@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distnb.judgement.words import canonical_op, describe, group_name
+from distnb.judgement.words import canonical_op, describe, framework_call, group_name
 from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.collective import Fingerprint, MatchKind, Mismatch
 
@@ -14,6 +14,11 @@ SKIP_HINT = (
     "the ranks called different collectives from different lines: a rank may have skipped a "
     "collective (a branch on the rank, an early return) so that its next call met its peers' "
     "earlier one"
+)
+
+FRAMEWORK_HINT = (
+    "{label} makes a collective: every rank calls it, as often as its peers (a call under "
+    "`if rank == 0`, or on a step only some ranks run, leaves the others behind)"
 )
 
 # (kind, detail, ranks at fault); ranks empty means "every rank"
@@ -54,7 +59,8 @@ def build_mismatch(
     op = "/".join(ops)
     hint = ""
     if kind is MatchKind.COLLECTIVE_TYPE and len({(f.site.file, f.site.line) for f in fps}) > 1:
-        hint = SKIP_HINT
+        skip = framework_skip(fps)
+        hint = FRAMEWORK_HINT.format(label=skip[0]) if skip else SKIP_HINT
     if deadlocked:
         where = ""
     elif canonical_op(first.op) in ("send", "recv"):
@@ -87,6 +93,22 @@ def build_mismatch(
         hint=hint,
         held=held,
     )
+
+
+def framework_skip(fps: Sequence[Fingerprint]) -> tuple[str, str] | None:
+    """When ranks split in two over which collective comes next and only one side's call is
+    made by a framework's function, the other side skipped that function's collective, whatever
+    made theirs: (the function's label, the sentence that says so)."""
+    sides = same_ranks([(f.rank, (f.op, f.origin)) for f in fps])
+    made = [side for side in sides if framework_call(side[1][1])]
+    if len(sides) != 2 or len(made) != 1:
+        return None
+    callers, (op, label) = made[0]
+    skippers, (their_op, their_origin) = next(side for side in sides if side is not made[0])
+    theirs = f"{their_op} from {their_origin}" if their_origin else their_op
+    said = f"{format_ranks(skippers)} skipped the {op} that {label} makes on "
+    said += f"{format_ranks(callers)}; {'its' if len(skippers) == 1 else 'their'} call here is "
+    return label, said + theirs
 
 
 def rank_lines(fps: Sequence[Fingerprint], calls: Sequence[str]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distnb.judgement.mismatch import Found, Rule
+from distnb.judgement.mismatch import Found, Rule, framework_skip
 from distnb.judgement.shapes import shape_rule
 from distnb.judgement.words import (
     ROOTED,
@@ -32,6 +32,9 @@ def _op_rule(fps: Sequence[Fingerprint]) -> Found | None:
     ops = {f.rank: canonical_op(f.op) for f in fps}
     if len(set(ops.values())) == 1:
         return None
+    skip = framework_skip(fps)
+    if skip is not None:  # in the framework user's words: who skipped which function's call
+        return MatchKind.COLLECTIVE_TYPE, skip[1], odd_ones(ops)
     said = [(f.rank, f.op) for f in fps]
     groups = same_ranks(said) if len(fps) >= GROUP_FROM else [([r], op) for r, op in said]
     calls = ", ".join(

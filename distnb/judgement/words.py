@@ -27,6 +27,14 @@ ROOTED = {
     "broadcast_object_list": "src",
 }
 SAME_SHAPE = {"all_reduce", "broadcast", "reduce"}
+# The frameworks whose public functions name the collectives they make (the first word of an
+# origin, see `distnb.rank.checked.frameworks`): such a call is one the user asked for.
+FRAMEWORKS = ("Lightning", "Fabric", "Accelerate", "torchmetrics", "Ignite", "Trainer")
+
+
+def framework_call(origin: str) -> bool:
+    """Whether a call's origin is a framework's function: `Lightning self.log(sync_dist=True)`."""
+    return origin.split(" ", 1)[0] in FRAMEWORKS
 
 
 def canonical_op(op: str) -> str:

@@ -24,6 +24,7 @@ work is freed in this thread, at `restore`, long after the worker let go of it.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from distnb.contract import keys, posts
 from distnb.contract.signed import take_forged
-from distnb.rank import checked
+from distnb.rank import checked, fresh
+from distnb.rank.fresh.torchstate import lost_groups
 from distnb.rank.torchrun import InitCall, init_difference
 from distnb.records.cell import RankSpec
 
@@ -57,6 +59,7 @@ class World:
     epoch: int = 0
     # the destroy barrier's work, until `restore` (see the module)
     _destroyed: Any = field(default=None, init=False, repr=False)
+    _lost: int = field(default=0, init=False, repr=False)  # sub-groups a cell's destroy ended
 
     def create(self) -> None:
         """Join the other ranks in a new default group (every rank calls it alike)."""
@@ -81,6 +84,9 @@ class World:
             self._destroyed = None
             self.epoch += 1
             self.create()
+            if self._lost:
+                print(lost_groups("this cell's", self._lost), file=sys.stderr)
+                self._lost = 0
 
     def destroy(self) -> None:
         """Leave the default group for good (the rank shuts down)."""
@@ -129,6 +135,8 @@ class World:
         # checked: every rank destroys together, or the laggard is named
         self._destroyed = dist.barrier(async_op=True)
         self._destroyed.wait()
+        if not fresh.running():  # a run's groups are its own (`fresh` says what it ended)
+            self._lost = sum(pg is not dist.GroupMember.WORLD for pg in c10d._world.pg_map)
         _destroy()
         checked.forget_groups()
 

@@ -378,6 +378,34 @@ def test_skipped_collective_hint() -> None:
     assert match(same_line).hint == ""
 
 
+def test_a_skipped_framework_call_is_said_in_the_frameworks_words() -> None:
+    bucket = "DDP gradient bucket 0 (layer.bias, layer.weight)"
+    logged = "Lightning self.log(sync_dist=True)"
+    fps = [
+        fp(0, "barrier", origin=logged, line=13),
+        fp(1, "all_reduce", inputs=(t(5),), reduce_op="SUM", origin=bucket, line=24),
+    ]
+    found = match(fps)
+    assert found is not None and found.kind is MatchKind.COLLECTIVE_TYPE
+    assert found.message.splitlines()[0] == (
+        "op type mismatch in barrier/all_reduce #4 on WORLD: rank 1 skipped the barrier that "
+        f"{logged} makes on rank 0; its call here is all_reduce from {bucket}"
+    )
+    assert found.hint.startswith(f"{logged} makes a collective: every rank calls it")
+    # many ranks: the side that skipped, grouped; a call with no origin is said bare
+    many = [fp(r, "all_reduce", inputs=(t(1),), origin="Ignite metric sync") for r in (0, 1)]
+    many += [fp(r, "barrier", line=9) for r in range(2, 8)]
+    said = match(many)
+    assert said is not None and said.detail == (
+        "ranks 2-7 skipped the all_reduce that Ignite metric sync makes on ranks 0-1; their "
+        "call here is barrier"
+    )
+    # both sides made by frameworks' functions, or neither: no side is known to have skipped
+    both = [fps[0], fp(1, "all_gather", origin="Lightning self.all_gather", line=30)]
+    assert "rank 0 calls barrier, rank 1 calls all_gather" in match(both).message
+    assert match(both).hint == SKIP_HINT
+
+
 def test_split_message_says_who_sends_what() -> None:
     found = match(MISMATCHES["split sizes"][0])
     assert found is not None

@@ -1,11 +1,13 @@
 """The framework function a collective was made by, in the framework user's words.
 
-Lightning, Fabric, Accelerate and torchmetrics call `torch.distributed` on the user's behalf: a
-report that says only "barrier() at `self.log(...)`" leaves the user to guess why a log line
-makes a barrier. A collective made under one of the public functions below carries its name as
-its origin ("Lightning self.log(sync_dist=True)"), as DDP's buckets carry theirs (`origin`).
-Where such functions call one another (`self.log` -> `strategy.reduce`), the outermost names the
-call: the one the user (or the framework's loop) called.
+Lightning, Fabric, Accelerate, torchmetrics, Ignite and transformers' Trainer call
+`torch.distributed` on the user's behalf: a report that says only "barrier() at `self.log(...)`"
+leaves the user to guess why a log line makes a barrier. A collective made under one of the
+public functions below carries its name as its origin ("Lightning self.log(sync_dist=True)"), as
+DDP's buckets carry theirs (`origin`). Where such functions call one another (`self.log` ->
+`strategy.reduce`), the outermost names the call: the one the user (or the framework's loop)
+called. The judgement says a rank that did not make such a call skipped it
+(`distnb.judgement.mismatch.framework_skip`).
 
 Keyed by (file under the installed package's folder, function): the table is read once per code
 object, on the same frame walk that finds the call site.
@@ -65,6 +67,16 @@ _TABLE: dict[tuple[str, str], str] = {
     },
     ("accelerate/state.py", "wait_for_everyone"): "Accelerate wait_for_everyone",
     ("torchmetrics/utilities/distributed.py", "gather_all_tensors"): "torchmetrics metric sync",
+    **{
+        ("ignite/distributed/utils.py", name): f"Ignite idist.{name}"
+        for name in ("all_reduce", "all_gather", "all_gather_tensors_with_shapes", "broadcast")
+    },
+    ("ignite/distributed/utils.py", "barrier"): "Ignite idist.barrier",
+    ("ignite/metrics/metric.py", "another_wrapper"): "Ignite metric sync",  # @sync_all_reduce
+    **{
+        ("transformers/trainer.py", name): f"Trainer {name}"
+        for name in ("evaluate", "predict", "save_model", "_save_checkpoint")
+    },
 }
 _RULES = {key: Framework(label) for key, label in _TABLE.items()}
 _ROOTS = tuple(

@@ -41,6 +41,7 @@ __all__ = [
 BACKWARD = "backward"
 COMPILED = "compiled graph"
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep
+_WORLD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "world.py")
 
 Describe = Callable[[FrameType], str]
 
@@ -114,7 +115,11 @@ PACKAGES = (
 
 def rule_for(path: str, function: str) -> Rule | None:
     """The origin rule of a function in torch (`path` absolute), or None. (Code a compiled
-    graph runs is generated, not torch's: `graphs.is_generated` tells it, `COMPILED` names it.)"""
+    graph runs is generated, not torch's: `graphs.is_generated` tells it, `COMPILED` names it.)
+    distnb's stand-in for `destroy_process_group` passes a barrier the user never wrote: it is
+    named by the function the user called."""
+    if path == _WORLD and function == "destroy_process_group":
+        return "destroy_process_group"
     if not path.startswith(_TORCH):
         return None
     relative = path[len(_TORCH) :].replace(os.sep, "/")

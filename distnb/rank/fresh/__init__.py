@@ -20,6 +20,6 @@ caches), threads and `atexit` handlers a run starts, and files it leaves open.
 
 from __future__ import annotations
 
-from distnb.rank.fresh.reset import as_fresh, forget, remember
+from distnb.rank.fresh.reset import as_fresh, forget, remember, running
 
-__all__ = ["as_fresh", "forget", "remember"]
+__all__ = ["as_fresh", "forget", "remember", "running"]

@@ -41,6 +41,7 @@ PARTS: tuple[Part, ...] = (
     *torchstate.PARTS,
 )
 _joined: list[tuple[Part, Any]] | None = None
+_running = False  # inside `as_fresh`: a run's code runs
 
 
 def remember() -> None:
@@ -64,13 +65,21 @@ def as_fresh() -> Iterator[None]:
     if _joined is None:  # not a rank (a test, plain Python): nothing was remembered
         yield
         return
+    global _running
     saved = [(part, part.capture()) for part in PARTS]
     try:
         for part, joined in _joined:
             part.fresh(joined)
+        _running = True
         yield
     finally:
+        _running = False
         _put_back(saved)
+
+
+def running() -> bool:
+    """Whether a run's code runs now (inside `as_fresh`), not a cell's."""
+    return _running
 
 
 def _put_back(saved: Sequence[tuple[Part, Any]]) -> None:

@@ -100,7 +100,8 @@ class GroupsPart:
     name = "process groups"
 
     def capture(self) -> list[Any]:
-        return list(c10d._world.pg_map)
+        """The groups there are besides the default."""
+        return [pg for pg in c10d._world.pg_map if pg is not c10d.GroupMember.WORLD]
 
     def fresh(self, joined: list[Any]) -> None:
         """A run starts with the groups there are: the cells' are theirs to keep."""
@@ -111,6 +112,20 @@ class GroupsPart:
         for pg in list(c10d._world.pg_map):
             if id(pg) not in kept and pg is not default:
                 c10d.destroy_process_group(pg)  # torch's own for a group that is not WORLD
+        now = {id(pg) for pg in c10d._world.pg_map}
+        lost = [pg for pg in saved if id(pg) not in now]
+        if lost:  # the run's destroy_process_group() ended them, as it would under torchrun
+            print(lost_groups("the run's", len(lost)), file=sys.stderr)
+
+
+def lost_groups(whose: str, count: int) -> str:
+    """The one line that says which groups a destroy_process_group() took with it."""
+    groups = "process group" if count == 1 else f"{count} process groups"
+    return (
+        f"distnb: {whose} destroy_process_group() also ended the {groups} the cells made with "
+        "dist.new_group; distnb makes the default group again, not those: make them again "
+        "before you use them"
+    )
 
 
 PARTS = (ConfigPart(), RandomPart(), GroupsPart())

@@ -1,5 +1,5 @@
-"""Lightning's and Fabric's scripts under `%dist_run` on a real 2-rank gloo cluster, as a user
-writes them, against the same scripts under a real `torchrun`.
+"""Lightning's, Fabric's and Ignite's scripts under `%dist_run` on a real 2-rank gloo cluster,
+as a user writes them, against the same scripts under a real `torchrun`.
 
 A run must be a torchrun worker to every probe frameworks use to tell a notebook from a script
 (Lightning refuses `strategy="ddp"` in a notebook), and give the cells their notebook back.
@@ -8,6 +8,7 @@ A run must be a torchrun worker to every probe frameworks use to tell a notebook
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -94,6 +95,42 @@ loss = trainer.callback_metrics["loss"]
 print("rank", trainer.global_rank, "of", trainer.world_size, "loss", round(float(loss), 4))
 """
 
+IGNITE = """
+import torch
+import ignite.distributed as idist
+from ignite.engine import Engine
+from ignite.metrics import MeanSquaredError
+from torch.utils.data import TensorDataset
+
+
+def training(local_rank, config):
+    rank = idist.get_rank()
+    torch.manual_seed(0)
+    model = idist.auto_model(torch.nn.Linear(4, 1))
+    optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=0.1))
+    data = torch.randn(32, 4)
+    loader = idist.auto_dataloader(TensorDataset(data, data.sum(1, keepdim=True)), batch_size=8)
+
+    def step(engine, batch):
+        x, y = batch
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    trainer = Engine(step)
+    evaluator = Engine(lambda engine, batch: (model(batch[0]), batch[1]))
+    MeanSquaredError().attach(evaluator, "mse")
+    CALL
+    total = idist.all_reduce(torch.tensor(trainer.state.output or 0.0))
+    print("rank", rank, "loss", round(total.item(), 4))
+
+
+with idist.Parallel(backend="gloo") as parallel:
+    parallel.run(training, {})
+"""
+
 SCRIPTS = {
     "probes.py": PROBES,
     "library_probes.py": PROBES + LIBRARY_PROBES,
@@ -102,6 +139,13 @@ SCRIPTS = {
     "log_on_rank0.py": MODEL.replace(
         "LOG",
         'if self.global_rank == 0:\n            self.log("loss", loss, sync_dist=True)',
+    ),
+    "ignite_fit.py": IGNITE.replace("CALL", "trainer.run(loader, max_epochs=2)"),
+    # the classic: a metric computed on rank 0 only (its compute syncs across ranks)
+    "ignite_eval_on_rank0.py": IGNITE.replace(
+        "CALL",
+        "if rank == 0:\n        state = evaluator.run(loader)\n"
+        '        print("mse", state.metrics["mse"])\n    return',
     ),
     "fabric_lengths.py": """
         import torch
@@ -202,10 +246,57 @@ def test_lightning_fits_as_under_torchrun_and_its_classic_hang_is_named(
     said = str(caught.value)
     assert "log_on_rank0.py:13" in said and 'self.log("loss", loss, sync_dist=True)' in said, said
     # each call in the framework's words: the barrier self.log makes, and DDP's bucket
+    assert said.splitlines()[0] == (
+        "op type mismatch in barrier/all_reduce #15 on WORLD: rank 1 skipped the barrier that "
+        "Lightning self.log(sync_dist=True) makes on rank 0; its call here is all_reduce from "
+        "DDP gradient bucket 0 (layer.bias, layer.weight)"
+    ), said
     assert "barrier() [Lightning self.log(sync_dist=True)]" in said, said
-    assert "[DDP gradient bucket 0 (layer.bias, layer.weight)]" in said, said
     # the session goes on: the same fit again
     shell.run_line_magic("dist_run", str(scripts / "fit.py"))
+    out = capsys.readouterr().out
+    assert [ln for ln in rank_lines(out, 1) if ln.startswith("rank ")] == finals[1], out
+
+
+def test_ignite_trains_as_under_torchrun_and_its_metric_on_rank_0_only_is_named(
+    shell: InteractiveShell,
+    scripts: Path,
+    torchrun: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    expected = torchrun_output(torchrun, tmp_path, str(scripts / "ignite_fit.py"))
+    finals = [[ln for ln in text.splitlines() if ln.startswith("rank ")] for text in expected]
+    assert finals[0] and finals[0][0].startswith("rank 0 loss "), expected
+    capsys.readouterr()
+    for _ in range(2):  # idist.Parallel ends the process group each time; distnb makes it again
+        shell.run_line_magic("dist_run", str(scripts / "ignite_fit.py"))
+        out = capsys.readouterr().out
+        for rank in (0, 1):
+            assert [ln for ln in rank_lines(out, rank) if ln.startswith("rank ")] == finals[rank]
+    # rank 1 leaves idist.Parallel, ending the group, while rank 0's metric syncs: under torchrun
+    # rank 0 reads "Connection reset by peer" in gloo; distnb names the metric and the end
+    script = str(scripts / "ignite_eval_on_rank0.py")
+    theirs = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert theirs.returncode != 0 and "Connection reset by peer" in theirs.stderr, theirs.stderr
+    started = time.monotonic()
+    with pytest.raises(CollectiveMismatchError) as caught:
+        shell.run_line_magic("dist_run", script)
+    assert time.monotonic() - started < NAMED_S
+    said = str(caught.value)
+    assert said.splitlines()[0] == (
+        "op type mismatch in all_reduce/barrier #4 on WORLD: rank 1 skipped the all_reduce that "
+        "Ignite metric sync makes on rank 0; its call here is barrier from destroy_process_group"
+    ), said
+    assert "ignite_eval_on_rank0.py:28: state = evaluator.run(loader)" in said, said
+    assert 'ignite_eval_on_rank0.py:35: with idist.Parallel(backend="gloo")' in said, said
+    assert "hint: Ignite metric sync makes a collective: every rank calls it" in said, said
+    shell.run_line_magic("dist_run", str(scripts / "ignite_fit.py"))  # the session goes on
     out = capsys.readouterr().out
     assert [ln for ln in rank_lines(out, 1) if ln.startswith("rank ")] == finals[1], out
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -86,6 +87,36 @@ def test_destroy_process_group_leaves_a_working_checked_group(
         "print('again:', x.item())"
     )
     assert "[ranks 0-1] again: 2.0" in capsys.readouterr().out
+
+
+def test_the_groups_a_destroy_takes_with_it_are_said_in_one_line(
+    session: Session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = "pair = dist.new_group([0, 1])"
+    session.run("dist.destroy_process_group()")  # from no group but the default (shared session)
+    session.run(made)
+    capsys.readouterr()
+    session.run("dist.destroy_process_group()")  # a cell's: the cells' pair went with it
+    said = capsys.readouterr()
+    assert (
+        "[ranks 0-1] distnb: this cell's destroy_process_group() also ended the process group "
+        "the cells made with dist.new_group; distnb makes the default group again, not those: "
+        "make them again before you use them"
+    ) in said.out + said.err
+    session.run(made)
+    script = tmp_path / "ends.py"  # a torchrun script's end: its own group is no news
+    script.write_text(f"import torch.distributed as dist\n{made}\ndist.destroy_process_group()\n")
+    capsys.readouterr()
+    session.run_script(str(script))
+    said = capsys.readouterr()
+    assert "the run's destroy_process_group() also ended the process group the cells" in (
+        said.out + said.err
+    )
+    session.run("dist.destroy_process_group()")  # nothing besides the default: nothing said
+    said = capsys.readouterr()
+    assert "distnb:" not in said.out + said.err
+    result = session.run(f"{made}\nx = torch.ones(1)\ndist.all_reduce(x, group=pair)\nx.item()")
+    assert result.result(0) == result.result(1) == "2.0"
 
 
 def test_destroy_on_one_rank_only_is_named(session: Session) -> None:
