@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from distnb.judgement.words import canonical_op, describe, framework_call, group_name
+from distnb.judgement.words import (
+    canonical_op,
+    describe,
+    framework_call,
+    framework_of,
+    group_name,
+)
 from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.collective import Fingerprint, MatchKind, Mismatch
 
@@ -19,6 +25,13 @@ SKIP_HINT = (
 FRAMEWORK_HINT = (
     "{label} makes a collective: every rank calls it, as often as its peers (a call under "
     "`if rank == 0`, or on a step only some ranks run, leaves the others behind)"
+)
+
+LOOP_HINT = (
+    "both calls come from {framework}'s own loop under the same line of yours: the ranks' loops "
+    "went different ways, most often because their data loaders give different numbers of "
+    "batches (shard the data with a DistributedSampler, as Lightning's "
+    "use_distributed_sampler=True does, or drop_last=True)"
 )
 
 # (kind, detail, ranks at fault); ranks empty means "every rank"
@@ -61,6 +74,8 @@ def build_mismatch(
     if kind is MatchKind.COLLECTIVE_TYPE and len({(f.site.file, f.site.line) for f in fps}) > 1:
         skip = framework_skip(fps)
         hint = FRAMEWORK_HINT.format(label=skip[0]) if skip else SKIP_HINT
+    elif kind is MatchKind.COLLECTIVE_TYPE and len(frameworks := _frameworks(fps)) == 1:
+        hint = LOOP_HINT.format(framework=frameworks.pop())
     if deadlocked:
         where = ""
     elif canonical_op(first.op) in ("send", "recv"):
@@ -109,6 +124,12 @@ def framework_skip(fps: Sequence[Fingerprint]) -> tuple[str, str] | None:
     said = f"{format_ranks(skippers)} skipped the {op} that {label} makes on "
     said += f"{format_ranks(callers)}; {'its' if len(skippers) == 1 else 'their'} call here is "
     return label, said + theirs
+
+
+def _frameworks(fps: Sequence[Fingerprint]) -> set[str]:
+    """The frameworks every call's origin names, when each names one."""
+    names = {framework_of(f.origin) for f in fps}
+    return set() if "" in names else names
 
 
 def rank_lines(fps: Sequence[Fingerprint], calls: Sequence[str]) -> list[str]:

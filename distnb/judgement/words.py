@@ -27,14 +27,23 @@ ROOTED = {
     "broadcast_object_list": "src",
 }
 SAME_SHAPE = {"all_reduce", "broadcast", "reduce"}
-# The frameworks whose public functions name the collectives they make (the first word of an
-# origin, see `distnb.rank.checked.frameworks`): such a call is one the user asked for.
+# The frameworks whose functions name the collectives they make (the first word of an origin,
+# see `distnb.rank.checked.frameworks`). A call is one the user asked for unless its label says
+# the framework's loop made it (`Lightning strategy.barrier`, `Lightning fit loop ...`).
 FRAMEWORKS = ("Lightning", "Fabric", "Accelerate", "torchmetrics", "Ignite", "Trainer")
+LOOP_LABELS = ("strategy.", "fit loop")
+
+
+def framework_of(origin: str) -> str:
+    """The framework a call's origin names (`Lightning`), or ''."""
+    first = origin.partition(" ")[0]
+    return first if first in FRAMEWORKS else ""
 
 
 def framework_call(origin: str) -> bool:
-    """Whether a call's origin is a framework's function: `Lightning self.log(sync_dist=True)`."""
-    return origin.split(" ", 1)[0] in FRAMEWORKS
+    """Whether a call's origin is a framework function the user calls:
+    `Lightning self.log(sync_dist=True)`, not `Lightning strategy.barrier`."""
+    return bool(framework_of(origin)) and not origin.partition(" ")[2].startswith(LOOP_LABELS)
 
 
 def canonical_op(op: str) -> str:

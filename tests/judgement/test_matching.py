@@ -400,6 +400,18 @@ def test_a_skipped_framework_call_is_said_in_the_frameworks_words() -> None:
         "ranks 2-7 skipped the all_reduce that Ignite metric sync makes on ranks 0-1; their "
         "call here is barrier"
     )
+    # a framework strategy's own call is its loop's: the other side's call is the one skipped
+    loop = [fp(0, "all_gather", origin="Lightning self.all_gather", line=18)]
+    loop += [fp(1, "barrier", origin="Lightning strategy.barrier", line=28)]
+    assert match(loop).detail == (
+        "rank 1 skipped the all_gather that Lightning self.all_gather makes on rank 0; its call "
+        "here is barrier from Lightning strategy.barrier"
+    )
+    # both from the framework's loop at one line of the user's: the loops went different ways
+    steps = [fp(0, "broadcast", origin="Lightning fit loop (each step's SIGTERM broadcast)")]
+    steps += [fp(1, "barrier", origin="Lightning strategy.reduce")]
+    assert "rank 0 calls broadcast, rank 1 calls barrier" in match(steps).message
+    assert match(steps).hint.startswith("both calls come from Lightning's own loop")
     # both sides made by frameworks' functions, or neither: no side is known to have skipped
     both = [fps[0], fp(1, "all_gather", origin="Lightning self.all_gather", line=30)]
     assert "rank 0 calls barrier, rank 1 calls all_gather" in match(both).message

@@ -7,8 +7,7 @@ A run must be a torchrun worker to every probe frameworks use to tell a notebook
 
 from __future__ import annotations
 
-import os
-import subprocess
+import re
 import sys
 import textwrap
 import time
@@ -17,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from distnb.errors import CollectiveMismatchError
+from distnb.errors import CollectiveDesyncError, CollectiveMismatchError
+from harness.frameworks import CASES, write_scripts
 from harness.processes import NAMED_S
 from tests.session.runs.test_scripts import rank_lines, torchrun_output
 
@@ -67,102 +67,12 @@ WORKER_LIBRARIES = [
     "transformers is_in_notebook False",
 ]
 
-MODEL = """
-import torch, lightning as L
-from torch.utils.data import DataLoader, TensorDataset
-
-class Model(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, i):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.layer(x), y)
-        LOG
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-torch.manual_seed(0)
-data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=2,
-                    enable_progress_bar=False, enable_model_summary=False, logger=False,
-                    enable_checkpointing=False)
-trainer.fit(Model(), DataLoader(data, batch_size=8))
-loss = trainer.callback_metrics["loss"]
-print("rank", trainer.global_rank, "of", trainer.world_size, "loss", round(float(loss), 4))
-"""
-
-IGNITE = """
-import torch
-import ignite.distributed as idist
-from ignite.engine import Engine
-from ignite.metrics import MeanSquaredError
-from torch.utils.data import TensorDataset
-
-
-def training(local_rank, config):
-    rank = idist.get_rank()
-    torch.manual_seed(0)
-    model = idist.auto_model(torch.nn.Linear(4, 1))
-    optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=0.1))
-    data = torch.randn(32, 4)
-    loader = idist.auto_dataloader(TensorDataset(data, data.sum(1, keepdim=True)), batch_size=8)
-
-    def step(engine, batch):
-        x, y = batch
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-
-    trainer = Engine(step)
-    evaluator = Engine(lambda engine, batch: (model(batch[0]), batch[1]))
-    MeanSquaredError().attach(evaluator, "mse")
-    CALL
-    total = idist.all_reduce(torch.tensor(trainer.state.output or 0.0))
-    print("rank", rank, "loss", round(total.item(), 4))
-
-
-with idist.Parallel(backend="gloo") as parallel:
-    parallel.run(training, {})
-"""
-
-SCRIPTS = {
-    "probes.py": PROBES,
-    "library_probes.py": PROBES + LIBRARY_PROBES,
-    "fit.py": MODEL.replace("LOG", 'self.log("loss", loss, sync_dist=True)'),
-    # the classic: a synced log on rank 0 only (its peer never makes the barrier it makes)
-    "log_on_rank0.py": MODEL.replace(
-        "LOG",
-        'if self.global_rank == 0:\n            self.log("loss", loss, sync_dist=True)',
-    ),
-    "ignite_fit.py": IGNITE.replace("CALL", "trainer.run(loader, max_epochs=2)"),
-    # the classic: a metric computed on rank 0 only (its compute syncs across ranks)
-    "ignite_eval_on_rank0.py": IGNITE.replace(
-        "CALL",
-        "if rank == 0:\n        state = evaluator.run(loader)\n"
-        '        print("mse", state.metrics["mse"])\n    return',
-    ),
-    "fabric_lengths.py": """
-        import torch
-        from lightning.fabric import Fabric
-
-        fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
-        fabric.launch()
-        values = torch.arange(3 + fabric.global_rank, dtype=torch.float32)
-        total = fabric.all_reduce(values, reduce_op="sum")
-        print("rank", fabric.global_rank, total.tolist())
-    """,
-}
+SCRIPTS = {"probes.py": PROBES, "library_probes.py": PROBES + LIBRARY_PROBES}
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("frameworks")
+    folder = write_scripts(tmp_path_factory.mktemp("frameworks"))
     for name, text in SCRIPTS.items():
         (folder / name).write_text(textwrap.dedent(text).lstrip())
     return folder
@@ -229,36 +139,33 @@ def test_lightning_fits_as_under_torchrun_and_its_classic_hang_is_named(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    expected = torchrun_output(torchrun, tmp_path, str(scripts / "fit.py"))
+    expected = torchrun_output(torchrun, tmp_path, str(scripts / "lightning_fit.py"))
     finals = [[ln for ln in text.splitlines() if ln.startswith("rank ")] for text in expected]
     assert finals[0][0].startswith("rank 0 of 2 loss ")
     capsys.readouterr()
     for _ in range(2):  # twice in one session, the same
-        shell.run_line_magic("dist_run", str(scripts / "fit.py"))
+        shell.run_line_magic("dist_run", str(scripts / "lightning_fit.py"))
         out = capsys.readouterr().out
         for rank in (0, 1):
             assert [ln for ln in rank_lines(out, rank) if ln.startswith("rank ")] == finals[rank]
     # self.log(sync_dist=True) on rank 0 only: torchrun waits for good, distnb names it
     started = time.monotonic()
     with pytest.raises(CollectiveMismatchError) as caught:
-        shell.run_line_magic("dist_run", str(scripts / "log_on_rank0.py"))
+        shell.run_line_magic("dist_run", str(scripts / "lightning_log_on_rank0.py"))
     assert time.monotonic() - started < NAMED_S
     said = str(caught.value)
-    assert "log_on_rank0.py:13" in said and 'self.log("loss", loss, sync_dist=True)' in said, said
+    line = 'lightning_log_on_rank0.py:15: self.log("loss", loss, sync_dist=True)'
+    assert line in said, said
     # each call in the framework's words: the barrier self.log makes, and DDP's bucket
-    assert said.splitlines()[0] == (
-        "op type mismatch in barrier/all_reduce #15 on WORLD: rank 1 skipped the barrier that "
-        "Lightning self.log(sync_dist=True) makes on rank 0; its call here is all_reduce from "
-        "DDP gradient bucket 0 (layer.bias, layer.weight)"
-    ), said
+    assert said.splitlines()[0] == CASES["lightning_log_on_rank0.py"].distnb, said
     assert "barrier() [Lightning self.log(sync_dist=True)]" in said, said
     # the session goes on: the same fit again
-    shell.run_line_magic("dist_run", str(scripts / "fit.py"))
+    shell.run_line_magic("dist_run", str(scripts / "lightning_fit.py"))
     out = capsys.readouterr().out
     assert [ln for ln in rank_lines(out, 1) if ln.startswith("rank ")] == finals[1], out
 
 
-def test_ignite_trains_as_under_torchrun_and_its_metric_on_rank_0_only_is_named(
+def test_ignite_trains_as_under_torchrun_again_and_again(
     shell: InteractiveShell,
     scripts: Path,
     torchrun: Path,
@@ -274,56 +181,64 @@ def test_ignite_trains_as_under_torchrun_and_its_metric_on_rank_0_only_is_named(
         out = capsys.readouterr().out
         for rank in (0, 1):
             assert [ln for ln in rank_lines(out, rank) if ln.startswith("rank ")] == finals[rank]
-    # rank 1 leaves idist.Parallel, ending the group, while rank 0's metric syncs: under torchrun
-    # rank 0 reads "Connection reset by peer" in gloo; distnb names the metric and the end
-    script = str(scripts / "ignite_eval_on_rank0.py")
-    theirs = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert theirs.returncode != 0 and "Connection reset by peer" in theirs.stderr, theirs.stderr
-    started = time.monotonic()
-    with pytest.raises(CollectiveMismatchError) as caught:
-        shell.run_line_magic("dist_run", script)
-    assert time.monotonic() - started < NAMED_S
-    said = str(caught.value)
-    assert said.splitlines()[0] == (
-        "op type mismatch in all_reduce/barrier #4 on WORLD: rank 1 skipped the all_reduce that "
-        "Ignite metric sync makes on rank 0; its call here is barrier from destroy_process_group"
-    ), said
-    assert "ignite_eval_on_rank0.py:28: state = evaluator.run(loader)" in said, said
-    assert 'ignite_eval_on_rank0.py:35: with idist.Parallel(backend="gloo")' in said, said
-    assert "hint: Ignite metric sync makes a collective: every rank calls it" in said, said
     shell.run_line_magic("dist_run", str(scripts / "ignite_fit.py"))  # the session goes on
     out = capsys.readouterr().out
     assert [ln for ln in rank_lines(out, 1) if ln.startswith("rank ")] == finals[1], out
 
 
-def test_a_fabric_all_reduce_of_different_lengths_is_named_at_its_line(
-    shell: InteractiveShell, scripts: Path
+def test_every_framework_script_gets_the_tables_verdict_as_a_script_and_as_a_cell(
+    session: Session, shell: InteractiveShell, scripts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    started = time.monotonic()
-    with pytest.raises(CollectiveMismatchError) as caught:
-        shell.run_line_magic("dist_run", str(scripts / "fabric_lengths.py"))
-    assert time.monotonic() - started < NAMED_S
-    said = str(caught.value)
-    assert "fabric_lengths.py:7" in said and "[3]" in said and "[4]" in said, said
-    assert "all_reduce #1 on WORLD (Fabric all_reduce)" in said, said
-    assert os.path.basename(str(scripts / "fabric_lengths.py")) in said
+    """Each case of `harness.frameworks`, as a script and as a cell, in mixed order in one
+    session: the right ones pass, each mistake is named as the table says, within NAMED_S."""
+    session.run(f"import os\nhere = os.getcwd()\nos.chdir({str(scripts)!r})")  # their files
+    try:
+        for i, (name, case) in enumerate(CASES.items()):
+            modes = ("script", "cell") if i % 2 else ("cell", "script")
+            for mode in modes:
+                started = time.monotonic()
+                said = ""
+                try:
+                    if mode == "script":
+                        with pytest.MonkeyPatch.context() as patch:
+                            patch.chdir(scripts)
+                            shell.run_line_magic("dist_run", str(scripts / name))
+                    else:
+                        session.run(case.source)
+                except (CollectiveMismatchError, CollectiveDesyncError) as exc:
+                    said = str(exc).splitlines()[0].replace(f"{scripts}/", "")
+                took = time.monotonic() - started
+                out = capsys.readouterr().out
+                if case.passes:
+                    assert not said and "rank 1 " in out, f"{name} as a {mode}: {said}\n{out}"
+                    continue
+                assert took < NAMED_S, f"{name} as a {mode}: {took:.1f} s"
+                if mode == "script":
+                    assert said == case.distnb, f"{name}: {said}"
+                else:  # collectives count on from the cells before; sites are the cell's
+                    assert calls(said) == calls(case.distnb), f"{name} as a cell: {said}"
+    finally:
+        session.run("os.chdir(here)")
+
+
+def calls(line: str) -> str:
+    """A verdict's first line less what differs between a cell and a script: sequence numbers
+    (a cell's count on from the cells before), the script's name, the waiter's site."""
+    line = re.sub(r"#\d+", "#N", line)
+    line = re.sub(r"the script \S+ ", "the cell ", line)
+    return line.split(", which", 1)[0]
 
 
 def test_lightning_and_fabric_run_in_cells_on_the_sessions_ranks(
     session: Session, shell: InteractiveShell, scripts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    shell.run_line_magic("dist_run", str(scripts / "fit.py"))
+    shell.run_line_magic("dist_run", str(scripts / "lightning_fit.py"))
     out = capsys.readouterr().out
     finals = [[ln for ln in rank_lines(out, r) if ln.startswith("rank ")] for r in (0, 1)]
     assert finals[0] and finals[0][0].startswith("rank 0 of 2 loss "), out
     fit = (
         "import psutil\nbefore = {c.pid for c in psutil.Process().children(recursive=True)}\n"
-        + textwrap.dedent(SCRIPTS["fit.py"])
+        + CASES["lightning_fit.py"].source
         + "after = {c.pid for c in psutil.Process().children(recursive=True)}\n"
         + "print('new processes', len(after - before))\n"
     )
