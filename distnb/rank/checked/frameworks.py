@@ -36,7 +36,10 @@ _TABLE: dict[tuple[str, str], str] = {
     ("lightning/pytorch/core/module.py", "log"): "Lightning self.log(sync_dist=True)",
     ("lightning/pytorch/core/module.py", "log_dict"): "Lightning self.log_dict(sync_dist=True)",
     ("lightning/pytorch/core/module.py", "all_gather"): "Lightning self.all_gather",
-    ("lightning/pytorch/trainer/trainer.py", "save_checkpoint"): "Lightning trainer.save_checkpoint",
+    (
+        "lightning/pytorch/trainer/trainer.py",
+        "save_checkpoint",
+    ): "Lightning trainer.save_checkpoint",
     (
         "lightning/pytorch/loops/training_epoch_loop.py",
         "_broadcast_sigterm_tensor",
