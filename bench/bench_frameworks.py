@@ -148,7 +148,8 @@ def measure(names: list[str], rounds: int, hang: float) -> int:
                     ):
                         said, took = run(name)
                         times[name].append(took)
-                        if verdicts.setdefault((name, mode), said) != said:
+                        before = verdicts.setdefault((name, mode), said)
+                        if _calls(before) != _calls(said):
                             print(f"{name} as a {mode}: {said!r}, before {verdicts[name, mode]!r}")
                             differ += 1
         finally:

@@ -305,7 +305,7 @@ CASES: dict[str, Case] = {
             "if trainer.is_world_process_zero():\n"
             "    metrics = trainer.evaluate()",
         ),
-        "hangs",
+        "rank 0 fails: gloo lost its peer",
         "rank 1 finished the script trainer_evaluate_on_rank0.py without calling all_gather #12 "
         "on WORLD (Trainer evaluate), which rank 0 waits at trainer_evaluate_on_rank0.py:34",
     ),
