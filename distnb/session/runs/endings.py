@@ -70,6 +70,13 @@ def timeout_error(
     return errors.RankTimeoutError(message, reports)
 
 
+def interrupted_by_death(failure: RankFailure, where: str) -> RankFailure:
+    """A rank distnb interrupted because a peer died: where it was, as one line (its traceback
+    would show distnb's and torch's frames it waited in, not the story)."""
+    said = f"distnb interrupted it when a peer died; it was {where}"
+    return RankFailure(failure.rank, "KeyboardInterrupt", said, "")
+
+
 def died_error(
     died: Sequence[RankInfo],
     hows: Mapping[int, str],

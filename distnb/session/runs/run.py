@@ -85,6 +85,8 @@ class CellRun:
         self.paused_s = 0.0  # time spent with the user at ranks' prompts: not the cell's
         self.visual = visual.active()  # JupyterLab's debugger, attached to the ranks
         self._visual_s = 0.0
+        # the ranks interrupted because a peer died, and where each was (the user's line)
+        self._survivors: dict[int, str] = {}
 
     def start(self) -> CellRun:
         req = self.request
@@ -286,6 +288,9 @@ class CellRun:
         hows = {info.rank: members.how_died(info.pid, info.here) for info in died}
         first = Member(died[0].pid, Role.ENGINE)
         self.on_death(death_reason(first, hows[died[0].rank], self.targets, when))
+        interrupted = [f for f in failures if f.rank in self._survivors]
+        failures = [f for f in failures if f.rank not in self._survivors]
+        failures += [endings.interrupted_by_death(f, self._survivors[f.rank]) for f in interrupted]
         raise endings.died_error(
             died, hows, when, self.request.code if sent else None, members, failures
         )
@@ -317,7 +322,15 @@ class CellRun:
         while not self._all_done() and time.monotonic() < deadline:
             self._wake.wait(0.05)
             self._wake.clear()
-        self._interrupt(self._running())
+        running = self._running()
+        if running:  # where each was, in the user's words: their tracebacks would be ours
+            waits = self.beacon_words()
+            stacks = self.control.stacks([t.rank for t in running if t.rank not in waits], 0.5)
+            self._survivors = {
+                t.rank: waits.get(t.rank) or stacks.get(t.rank, "").split("\n", 1)[0] or "running"
+                for t in running
+            }
+        self._interrupt(running)
 
     def _raise_timeout(self, elapsed: float) -> None:
         running = self._running()
