@@ -62,10 +62,11 @@ def test_notebook_runs_in_a_kernel(
 
     checks = CHECKS.get(path.name)
     assert checks is not None, f"add a line for {path.name} to CHECKS in harness/notebooks.py"
-    # `!distnb ...` in a notebook needs this environment's scripts on the kernel's PATH.
-    monkeypatch.setenv(
-        "PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
-    )
+    # however the notebook is run: a kernel whose PATH lacks this environment's scripts (no
+    # `distnb`, no `torchrun`) runs it alike, its shell commands calling `sys.executable`
+    scripts = str(Path(sys.executable).parent)
+    path_dirs = [d for d in os.environ["PATH"].split(os.pathsep) if d != scripts]
+    monkeypatch.setenv("PATH", os.pathsep.join(path_dirs))
     nb = nbformat.read(path, as_version=4)
     seen: dict[int, psutil.Process] = {}
     try:
@@ -82,6 +83,8 @@ def test_notebook_runs_in_a_kernel(
         if RAISES in cell.metadata.get("tags", []):
             where = f"cell {index} ({cell.get('id')})"
             assert raised[index], f"{where} is tagged {RAISES} but did not raise"
+    for index, text in enumerate(texts):  # a `!` command that failed fails the run
+        assert "command not found" not in text, f"{path.name} cell {index}: {text}"
     for selector, expected in checks:
         text = "\n".join(texts[nb.cells.index(c)] for c in cells_matching(nb, selector))
         assert_contains(text, expected, f"{path.name} cell {selector!r}")
