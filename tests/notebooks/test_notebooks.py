@@ -83,6 +83,8 @@ def test_notebook_runs_in_a_kernel(
         if RAISES in cell.metadata.get("tags", []):
             where = f"cell {index} ({cell.get('id')})"
             assert raised[index], f"{where} is tagged {RAISES} but did not raise"
+    # the notebook ran in `tmp_path`, as beside itself: it leaves nothing there
+    assert not list(tmp_path.iterdir()), f"{path.name} left {sorted(tmp_path.iterdir())}"
     for index, text in enumerate(texts):  # a `!` command that failed fails the run
         assert "command not found" not in text, f"{path.name} cell {index}: {text}"
     for selector, expected in checks:
