@@ -68,6 +68,17 @@ TRACEBACK_LIMIT = 4
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in ranks' tracebacks
 
 
+def _shell_colours() -> bool:
+    """Whether the IPython showing a rank's traceback shows colours: the ranks colour theirs,
+    which `ipython --colors=NoColor` (or `%colors nocolor`) must not see."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and str(getattr(shell, "colors", "")).lower() != "nocolor"
+
+
 class DistnbError(Exception):
     """Base of every error distnb raises."""
 
@@ -155,6 +166,7 @@ class RankError(DistnbError):
             group_failures(self.failures), key=lambda g: g[1].ename.startswith("Collective")
         )
         full = False  # the last entry was a whole traceback: a blank line after it
+        coloured = _shell_colours()
         for i, (ranks, failure) in enumerate(groups):
             label = format_ranks(ranks)
             was_full, full = full, i < TRACEBACK_LIMIT and _adds_to_summary(failure)
@@ -162,7 +174,8 @@ class RankError(DistnbError):
                 lines.append("")
             lines.append(f"[{label}] {failure.summary}")
             if full:
-                lines.extend(failure.traceback.rstrip("\n").splitlines())
+                trace = failure.traceback if coloured else _ANSI.sub("", failure.traceback)
+                lines.extend(trace.rstrip("\n").splitlines())
         if len(groups) > TRACEBACK_LIMIT:
             lines.append(f"... {len(groups) - TRACEBACK_LIMIT} more: see err.failures")
         return lines

@@ -57,3 +57,20 @@ def test_kernel_side_errors_render_as_their_message_without_frames() -> None:
     assert raised(ConfigError("ranks [5] are not in this session")) == [
         "ConfigError: ranks [5] are not in this session"
     ]
+
+
+def test_rank_tracebacks_keep_their_colours_only_where_the_shell_shows_colours() -> None:
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()  # the one IPython of this process
+    coloured = "\x1b[31mZeroDivisionError\x1b[39m: division by zero\nCell In[8], line 5"
+    err = RankError("cell In[8] failed", [RankFailure(0, "ZeroDivisionError", "x", coloured)])
+    before = shell.colors
+    try:
+        shell.run_line_magic("colors", "nocolor")  # as `ipython --colors=NoColor`
+        assert not any("\x1b[" in line for line in err._render_traceback_())
+        shell.run_line_magic("colors", "linux")
+        assert any("\x1b[31m" in line for line in err._render_traceback_())
+    finally:
+        shell.run_line_magic("colors", before)
