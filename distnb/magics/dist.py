@@ -136,7 +136,13 @@ class DistMagics(Magics):
         """Stop, then start again with the same arguments."""
         if self.session is None:
             raise UsageError("nothing to restart: start a cluster with %dist_start")
-        session = self.session.restart()
+        try:
+            session = self.session.restart()
+        except KeyboardInterrupt:  # the stop finished; the start tore down what it had begun
+            raise UsageError(
+                "%dist_restart was interrupted while the new cluster started: the old one was "
+                "stopped and nothing is left running; %dist_start starts again"
+            ) from None
         if session.last_teardown is not None and session.last_teardown.not_reached:
             print("\n".join(f"distnb: {line}" for line in str(session.last_teardown).splitlines()))
         return session.status()

@@ -22,7 +22,7 @@ from typing import Any
 from distnb.errors import ConfigError, RankError, SessionError
 from distnb.ranklist import RankArg, format_ranks, rank_arg
 from distnb.records.cell import RankFailure, RankInfo
-from distnb.session import automode, data, inspection, replicas, status
+from distnb.session import automode, data, inspection, interrupts, replicas, status
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
 from distnb.session.cluster.launch import Ended, port_taken
@@ -73,7 +73,8 @@ class Session:
                 self._launch(progress)
                 break
             except BaseException as exc:
-                self._teardown()
+                with interrupts.held():  # a second Ctrl-C waits for the teardown
+                    self._teardown()
                 if attempt == 0 and port_taken(exc):
                     continue  # another process took a port ipyparallel had picked: pick again
                 progress.close()
@@ -107,14 +108,18 @@ class Session:
         Returns what was stopped, host by host, and the ranks on hosts that did not answer
         (which end by themselves); such a host is also named in a `DistnbWarning`."""
         ranks = self.ranks
-        ended = self._teardown()
+        with interrupts.held() as noted:
+            ended = self._teardown()
         self.ranks, self._broken = (), ""  # a new cluster starts whole (start may run cells)
         _live.discard(self)
         if ended is None:
             return teardown_report((), (), 0)
-        return teardown_report(ranks, ended.silent, ended.processes, ended.left)
+        report = teardown_report(ranks, ended.silent, ended.processes, ended.left)
+        return replace(report, interrupted=noted.count > 0)
 
     def _teardown(self) -> Ended | None:
+        """End what runs; Ctrl-C waits until it has (a teardown cut half-way leaves processes
+        running): callers hold interrupts around it."""
         ended = None
         if self._cluster is not None:
             ended = self._cluster.stop()

@@ -35,6 +35,7 @@ class TeardownReport:
     hosts: tuple[HostTeardown, ...]
     processes: int  # processes of this machine ended: the controller, engines, nannies, ...
     left: tuple[int, ...] = ()  # pids of this machine still alive after the stop
+    interrupted: bool = False  # Ctrl-C came while it stopped: it finished first
 
     @property
     def stopped(self) -> tuple[int, ...]:
@@ -60,6 +61,11 @@ class TeardownReport:
                 )
         if self.left:
             lines.append(f"still running here: pids {', '.join(map(str, self.left))}")
+        if self.interrupted:
+            lines.append(
+                "Ctrl-C came while the cluster stopped: the stop finished first (a stop cut "
+                "half-way would leave processes running)"
+            )
         return "\n".join(lines)
 
 

@@ -103,3 +103,63 @@ def test_ctrl_c_in_dist_start_leaves_a_kernel_that_starts_the_next_time() -> Non
     assert "[rank 0] rank 0 of 2" in lines and "[rank 1] rank 1 of 2" in lines, out
     assert "left after stop: 0" in lines, out
     assert not [p for p in psutil.Process().children(recursive=True) if "ipengine" in str(p)]
+
+
+# Sends SIGINT to its own process as `Cluster.<method>` starts, while the line that called it
+# runs: the interrupt comes at that phase of a command, as a Ctrl-C would.
+INTERRUPT_AT = """
+import os, signal
+from distnb.session.cluster.launch import Cluster
+
+def interrupt_at(method):
+    original = getattr(Cluster, method)
+    def interrupted(self, *args, **kwargs):
+        setattr(Cluster, method, original)  # once
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(self, *args, **kwargs)
+    setattr(Cluster, method, interrupted)
+"""
+
+
+def test_ctrl_c_in_dist_stop_and_dist_restart_leaves_nothing_running_and_says_so() -> None:
+    """Ctrl-C while the cluster stops waits for the stop (one cut half-way leaves processes);
+    while a restart starts the new cluster, it ends what had begun: either way one line says
+    what happened, nothing is left running and the next %dist_start works."""
+    script = INTERRUPT_AT + textwrap.dedent(
+        """
+        import psutil
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "distnb")
+        ip.run_cell("%dist_start -n 2")
+        interrupt_at("stop")
+        ip.run_cell("%dist_stop")
+        print("left after stop:", len(psutil.Process().children(recursive=True)))
+        ip.run_cell("%dist_start -n 2")
+        interrupt_at("wait_registered")
+        ip.run_cell("%dist_restart")
+        print("left after restart:", len(psutil.Process().children(recursive=True)))
+        ip.run_cell("%dist_start -n 2")
+        ip.run_cell("%%allranks\\nprint('rank', rank, 'of', world_size)")
+        ip.run_cell("%dist_stop")
+        print("left at the end:", len(psutil.Process().children(recursive=True)))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    lines = out.splitlines()
+    assert (
+        "distnb: Ctrl-C came while the cluster stopped: the stop finished first (a stop cut "
+        "half-way would leave processes running)"
+    ) in lines, out
+    assert "left after stop: 0" in lines, out
+    assert (
+        "UsageError: %dist_restart was interrupted while the new cluster started: the old one "
+        "was stopped and nothing is left running; %dist_start starts again"
+    ) in lines, out
+    assert "left after restart: 0" in lines, out
+    assert "[rank 0] rank 0 of 2" in lines and "[rank 1] rank 1 of 2" in lines, out
+    assert "left at the end: 0" in lines, out
