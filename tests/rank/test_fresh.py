@@ -225,3 +225,36 @@ def test_outside_a_rank_nothing_is_reset() -> None:
             assert os.environ["DISTNB_OUTSIDE"] == "1"
     finally:
         del os.environ["DISTNB_OUTSIDE"]
+
+
+class Interrupted:
+    """A part whose put-back a real SIGINT interrupts: the kernel's Ctrl-C as a run ends."""
+
+    name = "interrupted"
+
+    def capture(self) -> None:
+        return None
+
+    def fresh(self, joined: None) -> None:
+        pass
+
+    def restore(self, saved: None) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_as_a_run_ends_waits_until_the_cells_state_is_whole(
+    joined: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distnb.rank.fresh import reset
+
+    import statelib  # the cells' copy
+
+    # put back first (parts are put back last first): the others come after the signal
+    monkeypatch.setattr(reset, "PARTS", (*reset.PARTS, Interrupted()))
+    with pytest.raises(KeyboardInterrupt):
+        with fresh.as_fresh():
+            import statelib as theirs
+
+            assert theirs is not statelib
+    assert sys.modules["statelib"] is statelib  # the modules were put back all the same
+    assert not fresh.running()

@@ -6,7 +6,9 @@ The rank's joined state is held here (`_joined`), one per process.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -66,15 +68,36 @@ def as_fresh() -> Iterator[None]:
         yield
         return
     global _running
-    saved = [(part, part.capture()) for part in PARTS]
+    saved: list[tuple[Part, Any]] = []
     try:
-        for part, joined in _joined:
-            part.fresh(joined)
+        with _whole():
+            saved = [(part, part.capture()) for part in PARTS]
+            for part, joined in _joined:
+                part.fresh(joined)
         _running = True
         yield
     finally:
         _running = False
-        _put_back(saved)
+        with _whole():
+            _put_back(saved)
+
+
+@contextmanager
+def _whole() -> Iterator[None]:
+    """Ctrl-C (the kernel interrupting a run: SIGINT) waits until the block is done, then is
+    raised: a reset cut half-way would leave the cells with the run's modules, or a run with the
+    cells' prompt. Off the main thread no signal comes: nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if noted:
+        raise KeyboardInterrupt
 
 
 def running() -> bool:
