@@ -245,16 +245,15 @@ class Interrupted:
 def test_ctrl_c_as_a_run_ends_waits_until_the_cells_state_is_whole(
     joined: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distnb.rank.fresh import reset
-
     import statelib  # the cells' copy
+
+    from distnb.rank.fresh import reset
 
     # put back first (parts are put back last first): the others come after the signal
     monkeypatch.setattr(reset, "PARTS", (*reset.PARTS, Interrupted()))
-    with pytest.raises(KeyboardInterrupt):
-        with fresh.as_fresh():
-            import statelib as theirs
+    with pytest.raises(KeyboardInterrupt), fresh.as_fresh():
+        import statelib as theirs
 
-            assert theirs is not statelib
+        assert theirs is not statelib
     assert sys.modules["statelib"] is statelib  # the modules were put back all the same
     assert not fresh.running()
