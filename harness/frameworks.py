@@ -154,9 +154,12 @@ for x, y in loader:
     accelerator.backward(loss)
     optimizer.step()
     optimizer.zero_grad()
-GATHER
-print("rank", accelerator.process_index, "loss", round(accelerator.reduce(loss, "mean").item(), 4))
+END
 """
+_ACCELERATE_END = (
+    'print("rank", accelerator.process_index, "loss", '
+    'round(accelerator.reduce(loss, "mean").item(), 4))'
+)
 
 TRAINER = """
 import torch
@@ -280,14 +283,14 @@ CASES: dict[str, Case] = {
         "op type mismatch in all_reduce/barrier #4 on WORLD: rank 1 skipped the all_reduce that "
         "Ignite metric sync makes on rank 0; its call here is barrier from destroy_process_group",
     ),
-    "accelerate_fit.py": Case("Accelerate", "", _fill(ACCELERATE, gather=""), "pass", ""),
+    "accelerate_fit.py": Case("Accelerate", "", _fill(ACCELERATE, end=_ACCELERATE_END), "pass", ""),
     "accelerate_gather_on_rank0.py": Case(
         "Accelerate",
         "accelerator.gather on the main process only",
         _fill(
             ACCELERATE,
-            gather="if accelerator.is_main_process:\n"
-            "    print(accelerator.gather(model(torch.ones(2, 4))).shape)",
+            end="if accelerator.is_main_process:\n"
+            "    print(accelerator.gather(model(torch.ones(2, 4))).shape)\n" + _ACCELERATE_END,
         ),
         "hangs",
         "op type mismatch in all_gather/all_reduce #7 on WORLD: rank 0 calls all_gather, rank 1 "

@@ -32,8 +32,9 @@ threading.Thread(target=_fire, daemon=True).start()
 """
 
 
-def run(code: str, timeout_s: float = 300) -> str:
-    script = INTERRUPT_IN_TORCH_IMPORT + textwrap.dedent(code)
+def run(code: str, prelude: str = INTERRUPT_IN_TORCH_IMPORT, timeout_s: float = 300) -> str:
+    """What `code` printed, run in a fresh interpreter after `prelude` (which interrupts it)."""
+    script = prelude + textwrap.dedent(code)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s
     )
@@ -125,7 +126,7 @@ def test_ctrl_c_in_dist_stop_and_dist_restart_leaves_nothing_running_and_says_so
     """Ctrl-C while the cluster stops waits for the stop (one cut half-way leaves processes);
     while a restart starts the new cluster, it ends what had begun: either way one line says
     what happened, nothing is left running and the next %dist_start works."""
-    script = INTERRUPT_AT + textwrap.dedent(
+    out = run(
         """
         import psutil
         from IPython.testing.globalipapp import start_ipython
@@ -143,13 +144,9 @@ def test_ctrl_c_in_dist_stop_and_dist_restart_leaves_nothing_running_and_says_so
         ip.run_cell("%%allranks\\nprint('rank', rank, 'of', world_size)")
         ip.run_cell("%dist_stop")
         print("left at the end:", len(psutil.Process().children(recursive=True)))
-        """
+        """,
+        prelude=INTERRUPT_AT,
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
     lines = out.splitlines()
     assert (
         "distnb: Ctrl-C came while the cluster stopped: the stop finished first (a stop cut "

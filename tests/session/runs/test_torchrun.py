@@ -11,6 +11,7 @@ import pytest
 
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, RankError
 from distnb.rank.torchrun import TORCHRUN_VARS
+from harness import frameworks
 
 if TYPE_CHECKING:
     from distnb.session import Session
@@ -128,34 +129,23 @@ def test_destroy_on_one_rank_only_is_named(session: Session) -> None:
     assert result.result(0) == result.result(1) == "2.0"
 
 
-ACCELERATE = """\
-from accelerate import Accelerator
-from accelerate.utils import DistributedType
-accelerator = Accelerator()
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-loader = torch.utils.data.DataLoader(data, batch_size=4)
-model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-for x, y in loader:
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    accelerator.backward(loss)
-    optimizer.step()
-    optimizer.zero_grad()
-gathered = accelerator.gather(torch.tensor([float(rank)]))
+# a user's Accelerate loop (harness.frameworks), ending with what each rank's Accelerate says
+ACCELERATE_STATE = frameworks.ACCELERATE.replace(
+    "END",
+    """gathered = accelerator.gather(torch.tensor([float(rank)]))
 print(json.dumps([
     accelerator.distributed_type == DistributedType.MULTI_CPU,
     accelerator.process_index, accelerator.local_process_index, accelerator.num_processes,
     type(model).__name__, gathered.tolist(), len(loader),
     [round(p.sum().item(), 6) for p in model.parameters()],
-]))
-"""
+]))""",
+)
 
 
 def test_accelerate_runs_one_process_per_rank(session: Session) -> None:
     pytest.importorskip("accelerate")
-    states = per_rank_json(session, "import json\n" + ACCELERATE)
+    code = "import json\nfrom accelerate.utils import DistributedType\n" + ACCELERATE_STATE
+    states = per_rank_json(session, code)
     for rank, state in enumerate(states):
         assert isinstance(state, list)
         multi_cpu, index, local_index, processes, wrapper, gathered, batches, _ = state
