@@ -41,7 +41,7 @@ class AttachMagics(Magics):
     @argument("--no-agent", action="store_true", help="a job without distnb's agent: py-spy stacks")
     @argument("--hosts", default=None, help="--no-agent: look on these hosts over ssh: h1,h2")
     @argument("--stop", action="store_true", help="stop ranks before their next collective")
-    @argument("--at", default="collective", help="--stop at: collective, or step")
+    @argument("--at", default="collective", help="--stop at: collective, step, or now")
     @argument("--ranks", type=str, default=None, help="--stop, --break: these ranks, e.g. 0-3,6")
     @argument("--break", dest="where", default=None, help="a breakpoint at FILE:LINE")
     @argument("--if", dest="cond", default=None, help="--break: only where this is true")
@@ -53,7 +53,7 @@ class AttachMagics(Magics):
     def dist_attach(self, line: str) -> Any:
         """Attach to a job distnb did not start (`python -m distnb.run ... train.py`):
         `%dist_attach [RUN]` shows each rank's state, the verdicts and the live stacks;
-        `--stop [--at step] [--ranks 0]`, `--break train.py:52 [--if COND]`, `--debug`,
+        `--stop [--at step|now] [--ranks 0]`, `--break train.py:52 [--if COND]`, `--debug`,
         `--panel` (the stopped ranks in JupyterLab's debugger panel), `--resume`, `--detach`.
         While a job is attached, `%dist_status`, `%dist_shapes`, `%dist_diff`,
         `%dist_overflow` and `%dist_timeline` act on it (on the frames its stopped ranks are
@@ -86,8 +86,10 @@ class AttachMagics(Magics):
                 print(f"distnb: a breakpoint at {args.where}{cond} on {which}")
             if args.stop:
                 job.stop(ranks, at=args.at)
-                at = "next optimizer step" if args.at == "step" else "next collective"
-                print(f"distnb: stopping {which} at their {at}; %dist_status shows where")
+                at = {"step": "at their next optimizer step", "now": "where they are"}.get(
+                    args.at, "at their next collective"
+                )
+                print(f"distnb: stopping {which} {at}; %dist_status shows where")
             if args.debug:
                 return job.debug()
             if args.panel:

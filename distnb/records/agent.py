@@ -78,6 +78,7 @@ PROMPT_MARK = "\0"
 class StopAt(str, Enum):
     COLLECTIVE = "collective"  # before the rank's next collective goes to the backend
     STEP = "step"  # after its next optimizer step
+    NOW = "now"  # at once, where its main thread is (a signal: `distnb.rank.agent.safepoints`)
 
 
 # --- requests to a rank's serving thread -------------------------------------------------------
@@ -100,7 +101,7 @@ class Events(Record):
 
 @dataclass(frozen=True, slots=True)
 class Stop(Record):
-    """Stop in the debugger at the next safe point of `at`'s kind."""
+    """Stop in the debugger at the next safe point of `at`'s kind, or at once (`StopAt.NOW`)."""
 
     kind: ClassVar[str] = "stop"
     at: StopAt = StopAt.COLLECTIVE

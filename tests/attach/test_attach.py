@@ -82,6 +82,25 @@ def test_a_rank_that_skipped_a_collective_is_named_with_both_lines(tmp_path: Pat
         j.detach()
 
 
+def test_a_rank_blocked_outside_any_collective_is_stopped_where_it_is(tmp_path: Path) -> None:
+    """Rank 1 sleeps in its "checkpoint", where no collective will ever come: `at="now"` stops
+    it there (a signal its agent handles on the main thread), code runs in its frame, and
+    detaching lets it go on sleeping as it would have."""
+    with job(tmp_path, "hang", STEPS="8", SKIP_AT="3") as jb:
+        j = attached(jb.folder)
+        jb.wait_for(r"final 1 ")  # rank 1 has left the loop
+        settled(j, {0: AgentState.COLLECTIVE, 1: AgentState.RUNNING}, hung)
+        j.stop([1], at="now")
+        snaps = settled(j, {1: AgentState.STOPPED})
+        assert snaps[1].where == f"{TRAIN}:{CHECKPOINT}", snaps[1].where
+        assert j.run("print(MODE, rank, step)") == {1: "hang 1 7\n"}
+        j.detach()
+        again = attached(jb.folder)
+        snaps = settled(again, {1: AgentState.RUNNING})
+        assert snaps[1].stack[-1].line == CHECKPOINT  # back in its sleep
+        again.detach()
+
+
 def test_a_shape_mismatch_gloo_let_through_is_named(tmp_path: Path) -> None:
     with job(tmp_path, "mismatch", STEPS="4", SKIP_AT="2", LINGER="1") as jb:
         jb.wait_for(r"final 1 ")

@@ -6,7 +6,13 @@ inside it), so a request is noted here and carried out where the main thread pas
 
 - before its next collective goes to the backend (the tape's `gate`): nothing of the
   collective has started, so no peer waits for it inside gloo or NCCL, where a timeout runs;
-- after its next optimizer step (`at_step`), a step boundary.
+- after its next optimizer step (`at_step`), a step boundary;
+- at once, where the main thread is (`StopAt.NOW`): the serving thread sends the main thread
+  `STOP_SIGNAL`, whose handler stops it in its innermost frame of the user's code. A rank
+  blocked where no collective comes (a lock, a sleep, a queue, a socket: Python's blocking
+  calls give way to signal handlers, then carry on) can be looked into so. Native code that
+  does not give way (inside a collective, in gloo or NCCL) runs on until it returns to Python:
+  there the next collective's safe point comes first anyway.
 
 There a rank stops in the debugger (`stop`), is held until the stopped peers go on (`hold`: a
 held rank waits before its collective, not inside it), or starts tracing for breakpoints set
@@ -18,6 +24,7 @@ when the notebook's lease runs out.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from types import FrameType
@@ -28,6 +35,7 @@ from distnb.rank.agent.stopped import AgentAsker, AgentPdb, Lease
 from distnb.rank.checked.recorder import GROUP, OP, SEQ
 from distnb.records.agent import StopAt
 from distnb.records.attach import AgentState
+from distnb.userfiles import is_library
 
 if TYPE_CHECKING:
     from distnb.rank.agent.surface import AgentSurface
@@ -35,6 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["SafePoints", "user_frame"]
 
 _PACKAGES = ("torch", "distnb")
+# The signal that stops the main thread where it is: a real-time one, which neither torch nor
+# the launchers use (Slurm and Lightning requeue on SIGUSR1).
+STOP_SIGNAL = signal.SIGRTMIN + 6
 
 
 class SafePoints:
@@ -52,6 +63,7 @@ class SafePoints:
         self._debugger: AgentPdb | None = None
         self._unwatch = False  # overflow watches to remove on the main thread (after detach)
         self._untrace = False  # debugpy's tracing to end on the main thread (after detach)
+        self._signalled = _install(self._interrupted)  # False: the agent is off the main thread
 
     @property
     def armed(self) -> bool:
@@ -66,8 +78,18 @@ class SafePoints:
     # --- from the serving thread --------------------------------------------------------------
 
     def request_stop(self, at: StopAt) -> None:
+        if at is StopAt.NOW and not self._signalled:
+            raise RuntimeError(
+                "this rank's agent started off its main thread, where no signal handler can be "
+                "set: stop it at its next collective or step instead"
+            )
         self.stop_at = at
-        self._arm()
+        if at is StopAt.NOW:
+            main = threading.main_thread().ident
+            assert main is not None
+            signal.pthread_kill(main, STOP_SIGNAL)
+        else:
+            self._arm()
 
     def hold(self) -> None:
         self._release.clear()
@@ -131,6 +153,15 @@ class SafePoints:
         if not self.armed:
             self.agent.tape.gate = None
 
+    def _interrupted(self, signum: int, frame: FrameType | None) -> None:
+        """`STOP_SIGNAL`'s handler: stop where the main thread was (see the module)."""
+        __tracebackhide__ = True
+        if self.stop_at is not StopAt.NOW or frame is None or self.state is AgentState.STOPPED:
+            return
+        self.stop_at = None
+        was = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        self._stop(users_frame(frame), f"where it was (in {frame.f_code.co_name} at {was})")
+
     def _stop(self, frame: FrameType, why: str) -> None:
         debugger = self.debugger()
         debugger.header = f"distnb: rank {self.agent.rank} stopped {why}"
@@ -189,6 +220,26 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
+
+
+def users_frame(frame: FrameType) -> FrameType:
+    """The innermost frame of the user's code from `frame` outwards (a lock's wait is the
+    standard library's; the line that waits is the user's), else `frame`."""
+    found: FrameType | None = frame
+    while found is not None:
+        if not is_library(found.f_code.co_filename) and user_frame(found) is found:
+            return found
+        found = found.f_back
+    return frame
+
+
+def _install(handler: Any) -> bool:
+    """`handler` for `STOP_SIGNAL`, if this is the main thread (only it may set handlers)."""
+    try:
+        signal.signal(STOP_SIGNAL, handler)
+    except ValueError:
+        return False
+    return True
 
 
 def _trace_from(debugger: AgentPdb, frame: FrameType) -> None:

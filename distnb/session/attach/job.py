@@ -176,8 +176,9 @@ class AttachedJob:
     # --- driving ------------------------------------------------------------------------------
 
     def stop(self, ranks: RankArg | None = None, at: str = "collective") -> None:
-        """Stop `ranks` (default: all) in the debugger before their next collective, or after
-        their next optimizer step (`at="step"`); the other ranks are held before their next
+        """Stop `ranks` (default: all) in the debugger before their next collective, after
+        their next optimizer step (`at="step"`), or at once where they are (`at="now"`: a rank
+        blocked in a lock, a sleep or I/O too); the other ranks are held before their next
         collective meanwhile. Then `debug()` (or `run(code)`)."""
         try:
             point = StopAt(at)
