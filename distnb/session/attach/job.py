@@ -183,7 +183,8 @@ class AttachedJob:
         try:
             point = StopAt(at)
         except ValueError:
-            known = " or ".join(repr(p.value) for p in StopAt)
+            *most, last = (repr(p.value) for p in StopAt)
+            known = f"{', '.join(most)} or {last}"
             raise ConfigError(f"at is {known}, not {at!r}") from None
         chosen = self.pick(ranks)
         self.link.start_lease()
