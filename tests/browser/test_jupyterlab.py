@@ -8,7 +8,7 @@ runs *Run > Run All Cells* and waits until the last cell has run. Then it checks
   widget (not "Error displaying widget", not a model's repr) that answers when typed into;
 - 04-shapes-and-timelines.ipynb: the `%dist_timeline` and `%%allranks --timeline` widgets with
   their SVG drawing and straggler table, a collective picked from the list showing each rank's
-  arrival, and the exported trace next to the notebook;
+  arrival, and the exported trace, read back by the notebook (which then removes it);
 - 08-step-into-a-rank.ipynb: a rank's debugger prompt in JupyterLab's input box, labelled with
   the rank, answered by typing into it as a user does.
 
@@ -121,7 +121,11 @@ def test_timelines_render_as_widgets_with_their_drawing(lab: Lab, page: Any) -> 
         widget.locator(".widget-select select").first.select_option(index=0)
         expect(widget).to_contain_text("rank 1 (last)")
         timeline.screenshot(path=ARTIFACTS / "timelines-straggler-picked.png")
-        assert (lab.root / "timeline.json").is_file(), "--export wrote no timeline.json"
+        # the export was written: the next cell read it (then removed it, as notebooks leave
+        # nothing behind)
+        read = output_text(cell(page, index["trace-file"]))
+        assert re.search(r"timeline\.json: [1-9]\d* trace events", read), read
+        assert not (lab.root / "timeline.json").exists()
 
         per_cell = cell(page, index["cell-timeline"])
         expect(per_cell.locator(".widget-vbox .widget-html svg").first).to_be_visible()
