@@ -160,7 +160,10 @@ class SafePoints:
             return
         self.stop_at = None
         was = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        before = self.state, self.where  # held, it is held again once it goes on
         self._stop(users_frame(frame), f"where it was (in {frame.f_code.co_name} at {was})")
+        if before[0] is AgentState.HELD:
+            self.state, self.where = before
 
     def _stop(self, frame: FrameType, why: str) -> None:
         debugger = self.debugger()
