@@ -21,10 +21,10 @@ from datetime import timedelta
 from typing import Any
 
 from distnb.contract import keys
+from distnb.interrupts import import_whole
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import Mismatch
 from distnb.records.debug import InputRequest
-from distnb.session.interrupts import import_whole
 
 KEEP_EVERY_S = 0.25  # how often `keep` looks at the kernel's posts while a run waits
 TELL_EVERY_S = 30.0  # how often the kernel says that one key of its own was forged

@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from distnb import interrupts
 from distnb.errors import ConfigError, RankError, SessionError
 from distnb.ranklist import RankArg, format_ranks, rank_arg
 from distnb.records.cell import RankFailure, RankInfo
-from distnb.session import automode, data, inspection, interrupts, replicas, status
+from distnb.session import automode, data, inspection, replicas, status
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
 from distnb.session.cluster.launch import Ended, port_taken

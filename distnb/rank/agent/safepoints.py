@@ -161,7 +161,7 @@ class SafePoints:
         self.stop_at = None
         was = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
         before = self.state, self.where  # held, it is held again once it goes on
-        self._stop(users_frame(frame), f"where it was (in {frame.f_code.co_name} at {was})")
+        self._stop(innermost_user_code(frame), f"where it was (in {frame.f_code.co_name} at {was})")
         if before[0] is AgentState.HELD:
             self.state, self.where = before
 
@@ -225,7 +225,7 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
     return None
 
 
-def users_frame(frame: FrameType) -> FrameType:
+def innermost_user_code(frame: FrameType) -> FrameType:
     """The innermost frame of the user's code from `frame` outwards (a lock's wait is the
     standard library's; the line that waits is the user's), else `frame`."""
     found: FrameType | None = frame

@@ -6,13 +6,12 @@ The rank's joined state is held here (`_joined`), one per process.
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from distnb import interrupts
 from distnb.rank.fresh import interpreter, torchstate
 from distnb.rank.fresh.modules import ModulesPart
 from distnb.rank.fresh.notebook import NotebookPart
@@ -70,34 +69,18 @@ def as_fresh() -> Iterator[None]:
     global _running
     saved: list[tuple[Part, Any]] = []
     try:
-        with _whole():
+        with interrupts.held() as noted:  # a reset cut half-way mixes the run's and the cells'
             saved = [(part, part.capture()) for part in PARTS]
             for part, joined in _joined:
                 part.fresh(joined)
+        noted.check()
         _running = True
         yield
     finally:
         _running = False
-        with _whole():
+        with interrupts.held() as noted:
             _put_back(saved)
-
-
-@contextmanager
-def _whole() -> Iterator[None]:
-    """Ctrl-C (the kernel interrupting a run: SIGINT) waits until the block is done, then is
-    raised: a reset cut half-way would leave the cells with the run's modules, or a run with the
-    cells' prompt. Off the main thread no signal comes: nothing to hold."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-    if noted:
-        raise KeyboardInterrupt
+        noted.check()
 
 
 def running() -> bool:

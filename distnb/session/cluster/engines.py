@@ -184,7 +184,7 @@ class Launcher(EngineKind):
 
 
 def _local_cuda_devices() -> int:
-    from distnb.session.interrupts import import_whole
+    from distnb.interrupts import import_whole
 
     torch: Any = import_whole("torch")  # Ctrl-C must not cut torch's import
 

@@ -28,10 +28,10 @@ import sys
 import time
 from typing import Protocol
 
+from distnb import interrupts
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankState
 from distnb.records.debug import QUIT, SKIP, AskKind, InputRequest
-from distnb.session import interrupts
 from distnb.session.debugger import many
 from distnb.session.load import stretched
 

@@ -14,13 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from distnb import errors
+from distnb import errors, interrupts
 from distnb.contract import keys
 from distnb.judgement.circles import held_up_by
 from distnb.ranklist import format_ranks
 from distnb.records.beacon import BeaconState
 from distnb.records.cell import RankFailure, RankInfo, RankState
-from distnb.session import interrupts
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
 from distnb.session.cluster.members import Member, Role

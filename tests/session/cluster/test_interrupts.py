@@ -1,4 +1,4 @@
-"""Ctrl-C where the kernel holds it (`distnb.session.interrupts`): noted, raised where the code
+"""Ctrl-C where the kernel holds it (`distnb.interrupts`): noted, raised where the code
 asks, let through at a prompt; and while a session starts: the kernel's import of torch stays
 whole, the start says in one line that it was interrupted and left nothing running, and the next
 `%dist_start` works.
@@ -45,7 +45,7 @@ def run(code: str, prelude: str = INTERRUPT_IN_TORCH_IMPORT, timeout_s: float = 
 def test_an_interrupted_import_of_torch_is_finished_then_raised() -> None:
     out = run(
         """
-        from distnb.session.interrupts import import_whole
+        from distnb.interrupts import import_whole
         try:
             import_whole("torch.distributed")
             print("not interrupted")
@@ -62,7 +62,7 @@ def test_an_interrupted_import_of_torch_is_finished_then_raised() -> None:
 
 
 def test_a_held_interrupt_is_raised_where_the_code_asks_and_a_prompt_lets_it_through() -> None:
-    from distnb.session import interrupts
+    from distnb import interrupts
 
     before = signal.getsignal(signal.SIGINT)
     with interrupts.held() as noted:

@@ -1,8 +1,8 @@
-"""Ctrl-C taken where the kernel can stop cleanly.
+"""Ctrl-C taken where the kernel, or a rank, can stop cleanly.
 
-Python raises KeyboardInterrupt at whatever instruction the kernel's main thread is on when
-SIGINT comes (Ctrl-C in a terminal; Jupyter's interrupt is the same signal). Two places make
-that instruction a bad one:
+Python raises KeyboardInterrupt at whatever instruction the main thread is on when SIGINT comes
+(Ctrl-C in a terminal; Jupyter's interrupt is the same signal; the kernel interrupts a rank so).
+Three places make that instruction a bad one:
 
 - inside an import, it leaves the module half initialised in `sys.modules`: every later import
   of it fails until the kernel restarts (torch: "partially initialized module 'torch' has no
@@ -12,7 +12,10 @@ that instruction a bad one:
   threading's events, which the client's I/O thread sets as results come), it can land after
   the lock was taken and before the block began: the lock stays held, the I/O thread blocks on
   it for good, and so does the kernel at its next look at a result. The terminal test's Ctrl-C
-  once hung IPython so, with nothing on the screen after `^C`.
+  once hung IPython so, with nothing on the screen after `^C`;
+- inside a teardown or a reset, it leaves half of it undone: `%dist_stop` (processes left
+  running), a rank's reset as a run starts or ends (`distnb.rank.fresh`: the cells left with
+  the run's modules).
 
 `held()` notes the signal instead of raising it; the code raises it at a point of its choosing
 (`Held.check`), and lets it through as usual where the user may type (`let_through`: a
