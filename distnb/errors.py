@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from distnb.records.overflow import RankOverflowReport
 
 __all__ = [
+    "CallInterrupted",
     "CellInterrupted",
     "CollectiveDesyncError",
     "CollectiveError",
@@ -54,6 +55,7 @@ __all__ = [
     "DebuggerQuit",
     "DistnbError",
     "DistnbWarning",
+    "Interrupted",
     "NonFiniteError",
     "OverflowStop",
     "RankDiedError",
@@ -133,10 +135,10 @@ class DebuggerQuit(_OneMessage, DistnbError):
     says where the rank was; the only frame left is the debugger's own."""
 
 
-class CellInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or the kernel's interrupt) stopped a cell: the ranks still running were
-    interrupted, and the message says where each was (`cell In[3] interrupted: rank 0 waiting
-    at all_reduce #0 ... for rank 1; rank 1 at cell In[3] line 5: time.sleep(30)`).
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or the kernel's interrupt) stopped a distnb command; the message says what was
+    interrupted and the state it left (`%dist_diff --watch was interrupted: no rank watches
+    model; run it again`).
 
     A KeyboardInterrupt, so code that handles one handles this; rendered as that one line, since
     the kernel's frames it passed through are distnb's machinery.
@@ -144,6 +146,21 @@ class CellInterrupted(KeyboardInterrupt):
 
     def _render_traceback_(self) -> list[str]:
         return [f"KeyboardInterrupt: {self}"]
+
+
+class CellInterrupted(Interrupted):
+    """Ctrl-C stopped a cell: the ranks still running were interrupted, and the message says
+    where each was (`cell In[3] interrupted: rank 0 waiting at all_reduce #0 ... for rank 1;
+    rank 1 at cell In[3] line 5: time.sleep(30)`)."""
+
+
+class CallInterrupted(Interrupted):
+    """Ctrl-C stopped one of distnb's calls on the ranks (`Session.call`): `done` holds the
+    ranks where it had finished, `cut` those where it was interrupted or never began."""
+
+    def __init__(self, message: str, done: Sequence[int] = (), cut: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.done, self.cut = tuple(done), tuple(cut)
 
 
 class RankError(DistnbError):

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import signal
 import sys
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from distnb import interrupts
-from distnb.errors import ConfigError, RankError, SessionError
+from distnb.errors import CallInterrupted, ConfigError, RankError, SessionError
 from distnb.ranklist import RankArg, format_ranks, rank_arg
 from distnb.records.cell import RankFailure, RankInfo
 from distnb.session import automode, data, inspection, replicas, status
@@ -38,6 +40,8 @@ from distnb.session.runs.run import CellRun
 from distnb.views.status import Progress, Status
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
+_CALL_SLICE_S = 0.05  # `call` looks for Ctrl-C this often
+_CALL_GRACE_S = 2.0  # how long ranks interrupted in a `call` get to end it
 
 
 class Session:
@@ -334,19 +338,52 @@ class Session:
         """
         self.require_running(notice=True)
         targets = self.targets(ranks)
-        assert self._cluster is not None
-        pending = [self._cluster.view(t.engine_id).apply_async(fn, *args) for t in targets]
+        cluster = self._cluster
+        assert cluster is not None
+        pending = [cluster.view(t.engine_id).apply_async(fn, *args) for t in targets]
         results: list[Any] = []
         failures: list[RankFailure] = []
-        for info, ar in zip(targets, pending, strict=True):
-            try:
-                results.append(ar.get(timeout=timeout))
-            except Exception as exc:
-                failures.append(failing.to_failure(info.rank, exc))
-        self._cluster.forget(pending)
+        # Ctrl-C is taken between waits, never inside ipyparallel's locks (`interrupts`)
+        with interrupts.held() as noted:
+            for info, ar in zip(targets, pending, strict=True):
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while not ar.ready() and not noted.count:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    ar.wait(_CALL_SLICE_S)
+                if noted.count:
+                    raise self._call_interrupted(fn, targets, pending)
+                try:
+                    results.append(ar.get(timeout=0))
+                except Exception as exc:
+                    failures.append(failing.to_failure(info.rank, exc))
+        cluster.forget(pending)
         if failures:
             raise failing.call_error(getattr(fn, "__name__", "function"), failures)
         return results
+
+    def _call_interrupted(
+        self, fn: Callable[..., Any], targets: list[RankInfo], pending: list[Any]
+    ) -> CallInterrupted:
+        """Ctrl-C during `call`: the ranks still in it are interrupted in turn (distnb's own
+        calls take milliseconds: one still running is stuck), and the error says where it had
+        finished."""
+        assert self._cluster is not None
+        running = [t for t, ar in zip(targets, pending, strict=True) if not ar.ready()]
+        self._cluster.signal(signal.SIGINT, [t.engine_id for t in running])
+        deadline = time.monotonic() + _CALL_GRACE_S
+        while time.monotonic() < deadline and not all(ar.ready() for ar in pending):
+            time.sleep(_CALL_SLICE_S)
+        self._cluster.forget(pending)
+        done = [t.rank for t in targets if t not in running]
+        cut = [t.rank for t in running]
+        if not cut:
+            said = "every rank had answered when Ctrl-C came"
+        else:
+            which = "which had" if len(cut) == 1 else "which had each"
+            after = f" ({format_ranks(done)} had)" if done else ""
+            said = f"distnb interrupted {format_ranks(cut)}, {which} not answered{after}"
+        return CallInterrupted(f"{said}; the cluster is usable", done, cut)
 
     def targets(self, ranks: RankArg | None) -> list[RankInfo]:
         """The listed ranks' records, in rank order (every rank's for None or `"all"`); a

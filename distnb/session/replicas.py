@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from distnb.errors import ConfigError, RankError
+from distnb.errors import CallInterrupted, ConfigError, Interrupted, RankError
 from distnb.ranklist import RankArg, format_ranks
 from distnb.records.replicas import bad_options
 
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from distnb.views.replicas import ReplicaView, WatchView
 
 __all__ = ["diff", "diff_report", "diff_stop", "diff_watch"]
+
+_UNDO_S = 30.0  # removing a watch cut half-way: a rank that takes longer is stuck
 
 
 def diff(
@@ -82,6 +84,14 @@ def diff_watch(
         session.call(watch.start, name, every, optim, raise_)
     except RankError as err:
         raise ConfigError(f"{err.failures[0].evalue}") from None
+    except CallInterrupted:  # a watch on some ranks only would report a false divergence
+        try:
+            session.call(watch.stop, name, timeout=_UNDO_S)
+        except (CallInterrupted, RankError):
+            state = f"it may watch on some ranks: %dist_diff {name} --stop removes it"
+        else:
+            state = f"no rank watches {name}; run it again"
+        raise Interrupted(f"%dist_diff --watch was interrupted: {state}") from None
 
 
 def diff_report(session: SessionSurface, name: str) -> WatchView:

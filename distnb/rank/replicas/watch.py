@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distnb import interrupts
 from distnb.contract import keys
 from distnb.errors import ReplicasDivergedError
 from distnb.rank.checked import exchange
@@ -117,14 +118,16 @@ def start(name: str, every: int = 1, optim: str | None = None, raise_: bool = Fa
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{name} is a {type(module).__name__}: --watch watches a module")
     watch = _Watch([name] + ([optim] if optim else []), every, _Alarm(name) if raise_ else None)
-    if optim is not None:
-        optimizer = _lookup(optim)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"{optim} is a {type(optimizer).__name__}, not an optimizer")
-        watch.handle = optimizer.register_step_post_hook(lambda *_: watch.take())
-    else:
-        watch.handle = module.register_forward_pre_hook(lambda *_: watch.take())
-    _watches[name] = watch
+    optimizer = _lookup(optim) if optim is not None else None
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{optim} is a {type(optimizer).__name__}, not an optimizer")
+    with interrupts.held() as noted:  # the hook and its record together, or neither
+        if optimizer is not None:
+            watch.handle = optimizer.register_step_post_hook(lambda *_: watch.take())
+        else:
+            watch.handle = module.register_forward_pre_hook(lambda *_: watch.take())
+        _watches[name] = watch
+    noted.check()
 
 
 def stop(name: str) -> bool:

@@ -160,3 +160,68 @@ def test_ctrl_c_in_dist_stop_and_dist_restart_leaves_nothing_running_and_says_so
     assert "left after restart: 0" in lines, out
     assert "[rank 0] rank 0 of 2" in lines and "[rank 1] rank 1 of 2" in lines, out
     assert "left at the end: 0" in lines, out
+
+
+# Sends SIGINT to its own process once a file appears: a rank's cell code writes it when it
+# begins what the interrupt must cut.
+INTERRUPT_WHEN_TOLD = """
+import os, signal, tempfile, threading, time
+told = os.path.join(tempfile.mkdtemp(), "told")
+def _fire():
+    while True:
+        while not os.path.exists(told):
+            time.sleep(0.01)
+        os.remove(told)
+        os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=_fire, daemon=True).start()
+"""
+
+
+@pytest.mark.cluster
+def test_ctrl_c_in_dist_diff_watch_sets_the_watch_on_no_rank_and_says_so() -> None:
+    """A watch on some ranks only would report replicas that differ: Ctrl-C while it is set
+    removes it from every rank, and one line says so; a tool cut while a rank is slow says
+    where it had finished. The cluster stays usable, and the watch works when run again."""
+    out = run(
+        """
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "distnb")
+        ip.run_cell("%dist_start -n 2")
+        ip.run_cell('''%%allranks
+        import time, torch
+        told = TOLD
+        class Lazy:  # a model built on first use, slowly on rank 1
+            def __init__(self):
+                self._model = torch.nn.Linear(2, 2)
+            @property
+            def model(self):
+                if rank == 1:
+                    open(told, "w").close()
+                    time.sleep(120)
+                return self._model
+        holder = Lazy()
+        '''.replace("TOLD", repr(told)))
+        ip.run_cell("%dist_diff holder.model --watch")
+        ip.run_cell("%%allranks\\nfrom distnb.rank.replicas import watch\\nprint(watch.watching())")
+        ip.run_cell("%dist_shapes holder.model")
+        ip.run_cell("%%allranks\\ndel Lazy.model; holder.model = holder._model")
+        ip.run_cell("%dist_diff holder.model --watch")
+        ip.run_cell("%%allranks\\nprint('watching', watch.watching())")
+        ip.run_cell("%%allranks\\nprint('usable on', rank)")
+        ip.run_cell("%dist_stop")
+        """,
+        prelude=INTERRUPT_WHEN_TOLD,
+    )
+    lines = out.splitlines()
+    assert (
+        "KeyboardInterrupt: %dist_diff --watch was interrupted: no rank watches holder.model; "
+        "run it again"
+    ) in lines, out
+    assert "[ranks 0-1] []" in lines, out  # no rank watches it
+    assert (
+        "KeyboardInterrupt: distnb interrupted rank 1, which had not answered (rank 0 had); "
+        "the cluster is usable"
+    ) in lines, out  # %dist_shapes
+    assert "[ranks 0-1] watching ['holder.model']" in lines, out  # run again, it works
+    assert "[rank 0] usable on 0" in lines and "[rank 1] usable on 1" in lines, out
