@@ -1,6 +1,6 @@
 """What attaching costs and how fast it answers, on real torchrun jobs (gloo, CPU).
 
-    python bench/bench_attach.py [--rounds 10] [--steps 300] [--ranks 2 4]
+    python bench/bench_attach.py [--rounds 10] [--steps 300] [--ranks 2 4] [--only PART]
 
 1. **Idle cost per training step.** The same job (`bench/attach_job.py`, 2 ranks) under plain
    torchrun (`python -m torch.distributed.run`), under `python -m distnb.run` (every rank runs
@@ -18,6 +18,13 @@
 3. **Stacks of every rank.** On the same hung job: `snapshots()` (every rank's state and live
    Python stack, one request to all agents at once), against `py-spy dump` run on each rank's
    process in turn, and against N `py-spy dump`s started at once; the three take turns.
+4. **A cold attach.** On the same hung job (2 ranks): a fresh interpreter (a real IPython shell
+   in a process of its own, started anew each round) runs `%load_ext distnb`, then
+   `%dist_attach RUN` (the attach and the status it shows: states, stacks, verdicts), each
+   timed; the figure is `%dist_attach`'s, and both together. Two ways take turns: distnb's own
+   (its torch-free client of the job's store, `distnb.contract.storewire`) and torch's client
+   (`TCPStore` + `PrefixStore` + `SignedStore`, as `Link.client` was: the kernel imported torch
+   to attach), each first in every other round. `--only idle|verdict|cold`: one part.
 
 Printed times are medians over rounds with their 95% interval (`median_ci`); ratios are the
 quotient of two medians with a 95% interval from a paired bootstrap over rounds.
@@ -26,10 +33,13 @@ quotient of two medians with a 95% interval from a paired bootstrap over rounds.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -177,12 +187,71 @@ def stacks(ranks: int, rounds: int) -> None:
     hung_job(ranks, measure)
 
 
+# A fresh kernel's side (`cold_attach`): argv = run folder, way. The import of the attach
+# package is timed with the attach in both ways (the magic imports it lazily).
+COLD = textwrap.dedent(
+    """
+    import json, sys, time
+    from datetime import timedelta
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    t = time.perf_counter()
+    ip.run_line_magic("load_ext", "distnb")
+    loaded = time.perf_counter()
+    from distnb.session.attach.link import Link
+
+    if sys.argv[2] == "torch":  # the kernel's client as it was: torch's own
+        def client(self):
+            import torch.distributed as dist
+            from distnb.contract.signed import SignedStore
+
+            e, timeout = self.endpoint, timedelta(seconds=self._timeout_s)
+            raw = dist.TCPStore(e.host, e.port, is_master=False, timeout=timeout)
+            return SignedStore(dist.PrefixStore(e.run, raw), self._secret)
+
+        Link.client = client
+    view = ip.run_line_magic("dist_attach", sys.argv[1])
+    done = time.perf_counter()
+    assert "2 ranks" in repr(view), repr(view)
+    ip.run_line_magic("dist_attach", "--detach")
+    print(json.dumps({"load_ext": loaded - t, "attach": done - loaded,
+                      "torch": "torch" in sys.modules}))
+    """
+)
+COLD_WAYS = ("wire", "torch")
+
+
+def cold_attach(rounds: int) -> None:
+    def once(folder: Path, way: str) -> dict[str, float]:
+        env = {**os.environ, "DISTNB_RUNS": str(folder.parent)}
+        out = subprocess.run([sys.executable, "-c", COLD, str(folder), way], env=env,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        found = json.loads(out.strip().splitlines()[-1])
+        assert found["torch"] == (way == "torch"), (way, found)
+        return found
+
+    def measure(folder: Path, pids: list[int]) -> None:
+        times: dict[str, list[dict[str, float]]] = {w: [] for w in COLD_WAYS}
+        for i in range(rounds):
+            for way in COLD_WAYS[i % 2 :] + COLD_WAYS[: i % 2]:
+                times[way].append(once(folder, way))
+        attach = {w: [t["attach"] for t in times[w]] for w in COLD_WAYS}
+        for way in COLD_WAYS:
+            both = [t["load_ext"] + t["attach"] for t in times[way]]
+            print(f"{way:<6} {ms([t['load_ext'] for t in times[way]]):>24} "
+                  f"{ms(attach[way]):>24} {ms(both):>24}", flush=True)  # fmt: skip
+        print(f"# torch/wire, %dist_attach: {ratio(attach['torch'], attach['wire'])}")
+
+    hung_job(2, measure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--only", choices=["idle", "verdict"], default=None)
+    parser.add_argument("--only", choices=["idle", "verdict", "cold"], default=None)
     args = parser.parse_args()
     with saved("attach" if args.only is None else f"attach-{args.only}"):
         if args.only in (None, "idle"):
@@ -199,6 +268,12 @@ def main() -> None:
                   f"{'py-spy at once ms':>22}  {'in turn/agent':<22} at once/agent")  # fmt: skip
             for n in args.ranks:
                 stacks(n, args.rounds)
+        if args.only in (None, "cold"):
+            print(f"# a cold attach to the same hung job (2 ranks): {args.rounds} rounds, a fresh "
+                  "interpreter each, the two ways in turn")  # fmt: skip
+            print(f"{'client':<6} {'%load_ext ms [95%]':>24} {'%dist_attach ms [95%]':>24} "
+                  f"{'both ms [95%]':>24}")  # fmt: skip
+            cold_attach(args.rounds)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from distnb.contract.folders import RunFolder
+from distnb.contract.storewire import StoreGone
 from distnb.errors import ConfigError, SessionError
 from distnb.judgement import snapshot
 from distnb.ranklist import RankArg, rank_arg
@@ -352,8 +353,5 @@ def _alive(pid: int) -> bool:
 
 
 def connection_lost(exc: BaseException) -> bool:
-    """Is `exc` the job's control plane gone (torch's store says so with a DistNetworkError:
-    "Broken pipe", "Failed to recv, got 0 bytes")?"""
-    from torch.distributed import DistNetworkError  # loaded already: the link is torch's store
-
-    return isinstance(exc, DistNetworkError)
+    """Is `exc` the job's control plane gone (the link's client says so with `StoreGone`)?"""
+    return isinstance(exc, StoreGone)

@@ -7,6 +7,10 @@ does not answer in time is left out: the caller says what that means. `Link.leas
 job's lease up every second from a thread of its own while the notebook is attached
 (`distnb.rank.agent.stopped`): when the kernel dies, the count stops, and stopped or held ranks
 go on by themselves.
+
+The control plane is the job's torch `TCPStore`, reached here through distnb's torch-free client
+(`distnb.contract.storewire`), signed as the ranks sign it (`distnb.contract.signing`): the
+kernel does not import torch to attach.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ import json
 import threading
 import time
 from collections.abc import Iterable
-from datetime import timedelta
-from typing import Any
 
 from distnb.contract import keys
 from distnb.contract.folders import Endpoint
+from distnb.contract.signing import Signed
+from distnb.contract.storewire import WireStore
 from distnb.errors import SessionError
 from distnb.records.agent import AgentInfo, AgentRequest, Reply, dumps_request, loads_reply
 
@@ -35,7 +39,7 @@ class Link:
     def __init__(self, endpoint: Endpoint, secret: str, connect_timeout_s: float = 10.0) -> None:
         self.endpoint = endpoint
         self._secret = bytes.fromhex(secret)
-        self._timeout = timedelta(seconds=connect_timeout_s)
+        self._timeout_s = connect_timeout_s
         try:
             self.store = self.client()
         except RuntimeError as exc:
@@ -53,14 +57,11 @@ class Link:
         own."""
         return Link(self.endpoint, self._secret.hex())
 
-    def client(self) -> Any:
-        import torch.distributed as dist
-
-        from distnb.contract.signed import SignedStore
-
+    def client(self) -> Signed:
+        """A connection of its own to the job's control plane (`StoreGone` where there is
+        none); its keys are the run's, as the ranks' `PrefixStore(run, ...)` sees them."""
         e = self.endpoint
-        raw = dist.TCPStore(e.host, e.port, is_master=False, timeout=self._timeout)
-        return SignedStore(dist.PrefixStore(e.run, raw), self._secret)
+        return Signed(WireStore(e.host, e.port, e.run, self._timeout_s), self._secret)
 
     def ask(
         self, ranks: Iterable[int], request: AgentRequest, timeout_s: float = 2.0
@@ -106,11 +107,12 @@ class Link:
             try:
                 store.set(keys.AGENT_LEASE, str(n))
             except RuntimeError:  # the job has ended
-                return
+                break
             self._stop.wait(LEASE_EVERY_S)
+        store.close()
 
     def close(self) -> None:
         self._stop.set()
         if self._lease is not None:
             self._lease.join(timeout=2 * LEASE_EVERY_S)
-        self.store = None
+        self.store.close()  # what is asked of it after raises `StoreGone`
