@@ -5,7 +5,8 @@
 - `kernel_driver`: a real Jupyter kernel driven as a frontend drives it; `notebooks`: the
   notebooks of notebooks/ run in one; `lab`: JupyterLab in a real Chromium;
 - `gloo`: plain processes in a gloo process group (torch.multiprocessing), no ipyparallel;
-- `jobs` (with the scripts `train.py`, `circle.py`): real torchrun jobs to attach to;
+- `jobs` (with the scripts `train.py`, `circle.py`, `ddp_train.py`): real torchrun jobs to
+  attach to;
   `thirdparty`: other projects' own distributed scripts and torchrun's verdict on them;
 - `hosts`, `slurm`, `stranger`, `host_jobs`: rehearsal hosts (network namespaces with an sshd,
   a Slurm cluster on them), a stranger on their network, and jobs across them.

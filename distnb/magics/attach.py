@@ -37,7 +37,12 @@ class AttachMagics(Magics):
         self.job: Any = None  # distnb.session.attach.AttachedJob
 
     @magic_arguments()
-    @argument("target", nargs="?", default=None, help="run folder, run id, Slurm job id, host:port")
+    @argument(
+        "target",
+        nargs="?",
+        default=None,
+        help="run folder, run id, Slurm job id, host:port (--no-agent: launcher pid or run id)",
+    )
     @argument("--no-agent", action="store_true", help="a job without distnb's agent: py-spy stacks")
     @argument("--hosts", default=None, help="--no-agent: look on these hosts over ssh: h1,h2")
     @argument("--stop", action="store_true", help="stop ranks before their next collective")
@@ -57,8 +62,9 @@ class AttachMagics(Magics):
         `--panel` (the stopped ranks in JupyterLab's debugger panel), `--resume`, `--detach`.
         While a job is attached, `%dist_status`, `%dist_shapes`, `%dist_diff`,
         `%dist_overflow` and `%dist_timeline` act on it (on the frames its stopped ranks are
-        stopped in). `--no-agent`: a plain torchrun job, py-spy stacks only (`--hosts h1,h2`:
-        on those hosts, over ssh)."""
+        stopped in). `--no-agent`: a plain torchrun job, py-spy stacks only: the only one on
+        this machine, else the one that looks hung, else the list to name one from (its
+        launcher pid or run id); `--hosts h1,h2`: on those hosts, over ssh."""
         from distnb.session.attach import attach, attach_processes
 
         moved = next((f for f in MOVED if f in line.split()), None)

@@ -37,7 +37,10 @@ def group_stacks(
 
 
 def row(s: RankSnapshot) -> list[str]:
-    if s.current is not None:
+    fp = s.current.fingerprint if s.current is not None else None
+    if s.current is not None and s.current.seq < 0:  # read from a stack: no seq, group or age
+        call = f"in {s.current.op}" + (f" ({fp.origin})" if fp is not None and fp.origin else "")
+    elif s.current is not None:
         call = f"in {s.current.op} #{s.current.seq} on {s.current.group} ({s.current.age_s:.1f} s)"
     elif s.last is not None:
         call = f"after {s.last.op} #{s.last.seq} on {s.last.group}"
@@ -80,7 +83,7 @@ class JobView:
                 f'<div style="{_STACK_STYLE}">{esc(chr(10).join(_frame_lines(stack)))}</div>'
             )
         if self.note:
-            parts.append(html_block(self.note, HEADING_STYLE))
+            parts.append(html_block(self.note.split("\n"), HEADING_STYLE))
         return "".join(parts)
 
 

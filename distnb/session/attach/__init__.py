@@ -101,24 +101,33 @@ def locate(target: str | None) -> RunFolder:
 
 
 def attach_processes(
-    run: str | None = None,
+    target: str | None = None,
     *,
     hosts: Sequence[str] = (),
     ssh_args: Sequence[str] = (),
     python: str = "",
 ) -> JobView:
     """Read-only attach to a torchrun job without the agent (see `procs`): its ranks, their
-    py-spy stacks, and what stacks alone say. `hosts`: where to look, over ssh (`remote`:
-    `ssh_args` for ssh, `python` the hosts' Python, by default this one's path); none: this
-    machine.
+    py-spy stacks (native frames included), each rank's state and the collective it waits in,
+    and what stacks alone say. `target`: the job's launcher pid (or a rank's pid) or its run id
+    (`TORCHELASTIC_RUN_ID`); none: the only job here, else the only one that looks hung (the
+    view's note says which and why, and lists the others). `hosts`: where to look, over ssh
+    (`remote`: `ssh_args` for ssh, `python` the hosts' Python, by default this one's path);
+    none: this machine.
 
-    >>> distnb.attach_processes(hosts=["node1", "node2"])
+    >>> from distnb.session.attach import attach_processes
+    >>> attach_processes()             # the job here, or the hung one of several
+    >>> attach_processes("41873")      # the job whose torchrun has pid 41873
+    >>> attach_processes(hosts=["node1", "node2"])
     """
     if not hosts and procs.pyspy() is None:
         raise ConfigError(
             "attaching without the agent reads stacks with py-spy: pip install 'distnb[attach]'"
         )
-    snaps = remote.snapshots_on(hosts, run, ssh_args, python) if hosts else procs.snapshots(run)
+    if hosts:
+        snaps, why = remote.snapshots_on(hosts, target, ssh_args, python)
+    else:
+        snaps, why = procs.look(target)
     where = ", ".join(hosts) if hosts else "this machine"
     if not snaps:
         raise ConfigError(
@@ -130,4 +139,5 @@ def attach_processes(
         f"torchrun job on {on}, without distnb's agent: {len(snaps)} of "
         f"{snaps[0].world_size} ranks found"
     )
-    return JobView(title, tuple(snaps), tuple(procs.stack_verdicts(snaps)), procs.NEEDS_AGENT)
+    note = f"{why}\n{procs.NEEDS_AGENT}" if why else procs.NEEDS_AGENT
+    return JobView(title, tuple(snaps), tuple(procs.stack_verdicts(snaps)), note)

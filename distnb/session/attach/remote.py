@@ -2,10 +2,11 @@
 
 `attach_processes(hosts=[...])` runs this module on each host at once, over ssh (as the user's
 ssh reaches it: `ssh_args`, the remote `python`, by default this one's path, as on a cluster
-whose hosts share the software): `python -m distnb.session.attach.remote [RUN]` finds the
-torchrun workers of that host by their environment and reads their stacks with py-spy there
-(`procs`), and prints them as JSON records, which this side decodes (`RankSnapshot`): nothing
-is unpickled, and the host's answer is data. A host that cannot be reached, or has no py-spy,
+whose hosts share the software): `python -m distnb.session.attach.remote [TARGET]` finds the
+torchrun job of that host (`procs.look`: the one TARGET names, else the only one, else the only
+one that looks hung), reads its ranks' stacks with py-spy there, and prints them as JSON
+records, which this side decodes (`RankSnapshot`): nothing is unpickled, and the host's answer
+is data. A host that cannot be reached, or has no py-spy,
 is named with what ssh or the host said.
 """
 
@@ -30,10 +31,12 @@ _MARK = "distnb-ranks:"  # the line that holds the answer (a login banner may co
 
 
 def snapshots_on(
-    hosts: Sequence[str], run: str | None, ssh_args: Sequence[str] = (), python: str = ""
-) -> list[RankSnapshot]:
-    """Every host's torchrun workers with their py-spy stacks, in rank order."""
-    line = [python or sys.executable, "-m", "distnb.session.attach.remote", *([run] if run else [])]
+    hosts: Sequence[str], target: str | None, ssh_args: Sequence[str] = (), python: str = ""
+) -> tuple[list[RankSnapshot], str]:
+    """Every host's torchrun workers with their py-spy stacks, in rank order, and why each
+    host's job was the one chosen ("" where there was no choice)."""
+    argv = [python or sys.executable, "-m", "distnb.session.attach.remote"]
+    line = [*argv, *([target] if target else [])]
     command = shlex.join(line)
     with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
         answers = list(pool.map(lambda h: _ask(h, command, ssh_args), hosts))
@@ -41,10 +44,11 @@ def snapshots_on(
     if len(runs) > 1:
         raise ConfigError(
             f"{len(runs)} torchrun jobs run on {', '.join(hosts)} "
-            f"({', '.join(runs)}): name one (its TORCHELASTIC_RUN_ID)"
+            f"({', '.join(runs)}), one chosen per host: name one (its TORCHELASTIC_RUN_ID)"
         )
     snaps = [RankSnapshot.from_dict(d) for answer in answers for d in answer["ranks"]]
-    return sorted(snaps, key=lambda s: s.rank)
+    why = "\n".join(f"{h}: {a['why']}" for h, a in zip(hosts, answers) if a.get("why"))
+    return sorted(snaps, key=lambda s: s.rank), why
 
 
 def _ask(host: str, command: str, ssh_args: Sequence[str]) -> dict[str, Any]:
@@ -73,18 +77,24 @@ def _ask(host: str, command: str, ssh_args: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """On a host: its torchrun workers (of run `argv[0]`, if given) and their runs, as one
-    JSON line."""
+    """On a host: its torchrun job's ranks (the job `argv[0]` names, if given: see
+    `procs.look`), its run, and why that job, as one JSON line."""
     args = list(sys.argv[1:] if argv is None else argv)
     if procs.pyspy() is None:
         sys.exit("py-spy is not installed on this host: pip install 'distnb[attach]'")
-    run = args[0] if args else None
-    runs = sorted({env["TORCHELASTIC_RUN_ID"] for _, env in procs.find_ranks(run)})
     try:
-        ranks = [s.to_dict() for s in procs.snapshots(run)]
+        snaps, why = procs.look(args[0] if args else None)
     except ConfigError as exc:
-        sys.exit(str(exc))
-    print(_MARK + json.dumps({"runs": runs, "ranks": ranks}), flush=True)
+        if "no torchrun worker" not in str(exc):
+            sys.exit(str(exc))
+        snaps, why = [], ""  # none here: other hosts may have them
+    runs = sorted({_run_of(s.pid) for s in snaps} - {""})
+    ranks = [s.to_dict() for s in snaps]
+    print(_MARK + json.dumps({"runs": runs, "ranks": ranks, "why": why}), flush=True)
+
+
+def _run_of(pid: int) -> str:
+    return next((env["TORCHELASTIC_RUN_ID"] for p, env in procs.find_ranks() if p == pid), "")
 
 
 if __name__ == "__main__":
