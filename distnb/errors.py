@@ -35,8 +35,8 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from distnb.ranklist import GROUP_FROM, format_ranks, same_ranks
 from distnb.records.cell import RankFailure, RankReport
@@ -107,6 +107,23 @@ def warn(message: str, category: type[Warning] = DistnbWarning) -> None:
     while frame.f_back is not None and _inside(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+T = TypeVar("T")
+
+
+def warned_at_caller(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`, for a torch function distnb wraps: a warning it gives with
+    `stacklevel` pointing at its caller would point at distnb's wrapper; it is shown at the
+    first frame outside distnb (`warn`) instead, where the user called the wrapped function."""
+    with warnings.catch_warnings(record=True) as caught:
+        result = fn(*args, **kwargs)
+    for w in caught:
+        if _inside(w.filename):
+            warn(w.message, w.category)  # type: ignore[arg-type]
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return result
 
 
 def _inside(filename: str) -> bool:

@@ -1,6 +1,15 @@
 from __future__ import annotations
 
-from distnb.errors import CellInterrupted, ConfigError, RankError, SessionError, group_failures
+import warnings
+
+from distnb.errors import (
+    CellInterrupted,
+    ConfigError,
+    RankError,
+    SessionError,
+    group_failures,
+    warned_at_caller,
+)
 from distnb.ranklist import format_ranks
 from distnb.records.cell import RankFailure
 
@@ -74,3 +83,22 @@ def test_rank_tracebacks_keep_their_colours_only_where_the_shell_shows_colours()
         assert any("\x1b[31m" in line for line in err._render_traceback_())
     finally:
         shell.run_line_magic("colors", before)
+
+
+def test_a_warning_from_a_wrapped_torch_function_is_shown_where_the_user_called_it() -> None:
+    """torch warns at its caller (`stacklevel=2`); under distnb's wrapper that caller is
+    distnb's, so the warning is shown at the first frame outside distnb: here, this test."""
+
+    def deprecated() -> int:
+        warnings.warn("old", FutureWarning, stacklevel=2)  # the caller: warned_at_caller
+        return 7
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert warned_at_caller(deprecated) == 7
+    [shown] = caught
+    assert (shown.filename, shown.category, str(shown.message)) == (
+        __file__,
+        FutureWarning,
+        "old",
+    )

@@ -49,7 +49,7 @@ Site = tuple[str, int, int, str]
 # torch's frames and distnb's own (this file is distnb/rank/callsite.py) are never the user's
 _INTERNAL_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,
 )
 _LIBRARY_DIRS = tuple(
     {

@@ -37,6 +37,7 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import distributed as ddp_module
 
+from distnb.errors import warned_at_caller
 from distnb.rank.checked import methods, origin
 from distnb.rank.checked.calls import local, spec
 from distnb.rank.checked.intercept import Context
@@ -278,7 +279,7 @@ def _ddp_init_wrapper(init: Any) -> Any:
         outer = local.ddp_model
         local.ddp_model = self
         try:
-            init(self, *args, **kwargs)
+            warned_at_caller(init, self, *args, **kwargs)
         finally:
             local.ddp_model = outer
         origin.remember_buckets(self)

@@ -92,6 +92,8 @@ RULES: dict[tuple[str, str], str | Describe] = {
     ("distributed/utils.py", "_sync_module_states"): "DDP: parameters and buffers from rank 0",
     ("nn/parallel/distributed.py", "_sync_buffers"): "DDP: buffers from rank 0",
     ("nn/parallel/distributed.py", "_sync_params_and_buffers"): "DDP: parameters from rank 0",
+    # the second forward's bucket rebuild: rank 0's bucket order, from C++
+    ("nn/parallel/distributed.py", "_pre_forward"): "DDP: bucket order from rank 0",
     ("distributed/fsdp/_fully_shard/_fsdp_param_group.py", "unshard"): (
         lambda f: f"FSDP2 all-gather for {_fqn(f)!r}"
     ),
