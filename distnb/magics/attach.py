@@ -19,6 +19,9 @@ from distnb.ranklist import format_ranks
 __all__ = ["AttachMagics"]
 
 # options %dist_attach once had, now the session's own magics acting on the attached job
+# How long `%dist_attach --stop` waits to say where the ranks stopped: a stop where a rank is
+# comes at once; one at the next collective may never come (a hung rank), and is said as asked.
+STOP_SAID_S = {"now": 10.0, "later": 1.0}
 MOVED = {
     "--shapes": "%dist_shapes",
     "--diff": "%dist_diff",
@@ -92,10 +95,7 @@ class AttachMagics(Magics):
                 print(f"distnb: a breakpoint at {args.where}{cond} on {which}")
             if args.stop:
                 job.stop(ranks, at=args.at)
-                at = {"step": "at their next optimizer step", "now": "where they are"}.get(
-                    args.at, "at their next collective"
-                )
-                print(f"distnb: stopping {which} {at}; %dist_status shows where")
+                print(_stopping(job, job.pick(ranks), args.at))
             if args.debug:
                 return job.debug()
             if args.panel:
@@ -152,3 +152,24 @@ class AttachMagics(Magics):
         if self.job is not None and self.job.gone:
             self.job.detach()
             self.job = None
+
+
+def _stopping(job: Any, chosen: list[int], at: str) -> str:
+    """What `%dist_attach --stop` did: where the ranks stopped, once they have (a rank asked to
+    stop where it is, at once; at its next collective or step, if it gets there within
+    `STOP_SAID_S`), and which are still on their way."""
+    stopped = job.stopped(chosen, STOP_SAID_S["now" if at == "now" else "later"])
+    lines = [f"distnb: {format_ranks([s.rank])} stopped at {_where(s)}" for s in stopped]
+    left = [r for r in chosen if r not in {s.rank for s in stopped}]
+    if left:
+        its, here = ("its", "where it is") if len(left) == 1 else ("their", "where they are")
+        point = {"step": f"at {its} next optimizer step", "now": here}.get(
+            at, f"at {its} next collective"
+        )
+        lines.append(f"distnb: stopping {format_ranks(left)} {point}; %dist_status shows where")
+    return "\n".join(lines)
+
+
+def _where(snap: Any) -> str:
+    top = snap.stack[-1] if snap.stack else None
+    return snap.where or (f"{top.file}:{top.line} in {top.function}" if top else "?")

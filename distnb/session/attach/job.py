@@ -194,6 +194,18 @@ class AttachedJob:
         if others:
             self._ask(Hold(), others)
 
+    def stopped(self, ranks: RankArg | None = None, wait_s: float = 0.0) -> list[RankSnapshot]:
+        """The snapshots of `ranks` (default: all) that are stopped, once all of them are or
+        `wait_s` has passed."""
+        chosen = self.pick(ranks)
+        deadline = time.monotonic() + wait_s
+        while True:
+            snaps = [s for s in self.snapshots(1.0) if s.rank in chosen]
+            stopped = [s for s in snaps if s.state is AgentState.STOPPED]
+            if len(stopped) == len(chosen) or time.monotonic() >= deadline:
+                return stopped
+            time.sleep(0.05)
+
     def breakpoint(self, where: str, cond: str | None = None, ranks: RankArg | None = None) -> None:
         """A breakpoint at `file:line` (a path, or the end of one: `train.py:52`) on `ranks`
         (default: all), with an optional condition; it takes effect at the rank's next
