@@ -9,13 +9,13 @@ CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c $(CONSTRAINTS)
 
-.PHONY: demo test check lint lock bench bench-check compat compat-all clean
+.PHONY: demo test check lint docs lock bench bench-check compat compat-all clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PIP) torch
-	$(PIP) -e ".[test]"
+	$(PIP) -e ".[test,docs]"
 	if command -v mpicc >/dev/null 2>&1; then $(PIP) -e ".[mpi]"; fi
 	touch $@
 
@@ -34,6 +34,11 @@ lint: $(VENV)/.installed bench-check
 	$(VENV)/bin/ruff check distnb harness tests bench
 	$(VENV)/bin/ruff format --check distnb harness tests bench
 	$(VENV)/bin/mypy
+
+# The user guide as a site in site/ (mkdocs.yml), warnings as errors: a broken link, a page
+# outside the nav or a docstring the API reference cannot read fails it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
 
 # CONSTRAINTS' pins written again from the venv (its comments and torch's pin kept): after
 # moving the venv to newer releases (`.venv/bin/pip install -U NAME`) and a passing `make test`.

@@ -22,7 +22,7 @@ measured in this process (which plays the kernel), each from the fault to what n
 - rank never arrives: rank 1 sleeps, rank 0 waits; nothing tells that from a slow rank, so it
   is the cell's timeout (1 s here) that ends it. From the call until `RankTimeoutError` (the
   hang report with each rank's stack).
-- torchrun: the README's small DDP script (`init_process_group`, a DDP Linear, 4 steps,
+- torchrun: the guide's small DDP script (`init_process_group`, a DDP Linear, 4 steps,
   `destroy_process_group`) under `torchrun --standalone --nproc-per-node 2` (process starts,
   imports, rendezvous, exit), against `session.run_script` (`%dist_run`) on a running session:
   the first run on freshly started ranks, and the median of 3 runs after it; then 3 more runs

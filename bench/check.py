@@ -1,4 +1,5 @@
-"""Re-derive the figures the README and docs/performance.md quote from the benches' saved output.
+"""Re-derive the figures the README, the guide (docs/guide/) and docs/performance.md quote from the
+benches' saved output.
 
     python bench/check.py           # fails, naming the place and the figure, on any drift
     python bench/check.py --write   # first copy each saved output into its quoted block
@@ -17,8 +18,8 @@ Two checks:
    `bench/results/faults*.txt`). A figure right after "target" is a goal, not checked. A
    paragraph (a list item, a table row) holding `<!-- elsewhere -->`, or right after it on a
    line of its own, quotes figures from outside the benches and says where they come from in
-   its text; it is not checked. A README paragraph that names no bench makes no claim from one
-   and is not checked either.
+   its text; it is not checked. A paragraph of the README or the guide that names no bench
+   makes no claim from one and is not checked either.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-DOCS = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
+PERFORMANCE = ROOT / "docs" / "performance.md"
+DOCS = (ROOT / "README.md", *GUIDE, PERFORMANCE)
 OUTPUT = re.compile(r"^<!-- output: (bench/results/[\w.-]+\.txt) -->$")
 BENCH = re.compile(r"bench/bench_(\w+)\.py")
 NUMBER = r"\d+\.\d+"
@@ -55,8 +58,8 @@ class Unit:
 
 def main(argv: list[str]) -> int:
     if "--write" in argv:
-        write_blocks(DOCS[1])
-    problems = check_blocks(DOCS[1])
+        write_blocks(PERFORMANCE)
+    problems = check_blocks(PERFORMANCE)
     for doc in DOCS:
         for unit in units(doc):
             problems += check_unit(unit)
@@ -147,8 +150,13 @@ def _unit(
     doc: Path, start: int, text: list[str], section: tuple[Path, ...], marked: set[Path]
 ) -> Unit:
     joined = " ".join(text)
-    named = [path for m in BENCH.finditer(joined) for path in sorted(RESULTS.glob(f"{m[1]}*.txt"))]
-    if doc.name == "README.md" and not named:
+    named = [  # bench_agent_call.py writes agent-call.txt
+        path
+        for m in BENCH.finditer(joined)
+        for stem in sorted({m[1], m[1].replace("_", "-")})
+        for path in sorted(RESULTS.glob(f"{stem}*.txt"))
+    ]
+    if doc.name != "performance.md" and not named:
         return Unit(doc, start, "", ())  # names no bench: claims nothing from one
     return Unit(doc, start, joined, tuple(dict.fromkeys([*section, *named])))
 

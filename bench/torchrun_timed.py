@@ -1,4 +1,4 @@
-"""The README's DDP script under `torchrun --standalone` on 2 ranks, timed: the peer that
+"""The guide's DDP script under `torchrun --standalone` on 2 ranks, timed: the peer that
 bench_runs and bench_faults measure `%dist_run` against.
 
 torch 2.13's gloo sometimes aborts a worker at exit ("terminate called without an active

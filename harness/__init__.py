@@ -8,6 +8,9 @@
 - `jobs` (with the scripts `train.py`, `circle.py`, `ddp_train.py`): real torchrun jobs to
   attach to;
   `thirdparty`: other projects' own distributed scripts and torchrun's verdict on them;
+  `frameworks`: scripts as Lightning's, Fabric's, Ignite's, Accelerate's and Trainer's users
+  write them;
+- `docs`: the guide's examples run, and what they print compared with what the pages show;
 - `hosts`, `slurm`, `stranger`, `host_jobs`: rehearsal hosts (network namespaces with an sshd,
   a Slurm cluster on them), a stranger on their network, and jobs across them.
 """

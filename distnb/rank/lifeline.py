@@ -48,7 +48,7 @@ PROBE_S = 1.0
 CONNECT_S = 2.0
 SILENCE_S = 15.0
 REFUSED = 2  # refusals in a row that mean the port is closed for good
-BOUND_S = SILENCE_S + PROBE_S + CONNECT_S  # what the stop's warning and the README promise
+BOUND_S = SILENCE_S + PROBE_S + CONNECT_S  # what the stop's warning and the guide promise
 
 
 def end_engine(reason: str) -> None:

@@ -29,7 +29,7 @@ def test_shapes_and_replicas_of_four_stopped_ranks(
     ready = tmp_path / "READY"
     with job(tmp_path, "drift", n=4, STEPS="6", SKIP_AT="2", READY=str(ready)) as jb:
         j = attached(jb.folder)
-        ip = magics_on(j)  # the condition quoted as the README writes it: stops at step 3 only
+        ip = magics_on(j)  # the condition quoted as the guide writes it: stops at step 3 only
         ip.run_line_magic("dist_attach", f'--break {TRAIN.name}:{GRADS} --if "step == 3"')
         assert f"a breakpoint at {TRAIN.name}:{GRADS} if step == 3 on ranks 0-3" in (
             capsys.readouterr().out

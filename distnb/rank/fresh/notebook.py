@@ -9,10 +9,10 @@ While a `%dist_run` script runs, each probe answers as in a torchrun worker, and
 theirs back after: `get_ipython`, `__IPYTHON__` and `display` are not builtins;
 `IPython.get_ipython()` is None (a cell's: the rank's shell); `exit` and `quit` are Python's;
 `sys.ps1` and `sys.ps2`, which a rank never has (`distnb.rank.shell`), are gone if a cell set
-them. The README's table lists every probe. Already a worker's in both: `sys.flags.interactive`
-(0) and `__main__` (the script's module, with its `__file__`: `distnb.rank.scripts`). distnb's
-own code keeps the rank's shell, which it holds (`distnb.rank.shell`) rather than finds through
-IPython.
+them. The guide's table (docs/guide/scripts.md) lists every probe. Already a worker's in
+both: `sys.flags.interactive` (0) and `__main__` (the script's module, with its `__file__`:
+`distnb.rank.scripts`). distnb's own code keeps the rank's shell, which it holds
+(`distnb.rank.shell`) rather than finds through IPython.
 """
 
 from __future__ import annotations
