@@ -14,18 +14,20 @@ for their keys up to the store's timeout, `wait` up to its own; a wait that runs
 cancelled on the server and raises `StoreTimeout` (torch: `DistStoreError`); a server that
 goes away, or never answers, raises `StoreGone` (torch: `DistNetworkError`). Both are
 `RuntimeError`s, as torch's are. One query at a time per client (a lock): a thread that waits
-long needs a client of its own, as with torch's.
+long needs a client of its own, as with torch's. A query cut half-way (Ctrl-C) costs its
+connection, and the next query makes a new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 __all__ = ["StoreError", "StoreGone", "StoreTimeout", "WireStore"]
@@ -89,6 +91,10 @@ class WireStore:
         self._prefix = f"/{prefix}/" if prefix else "/"
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
+        self._cut = False  # an exchange was cut half-way: the next query opens a new connection
+        self._open()
+
+    def _open(self) -> None:
         self._sock = self._connect()
         nonce = time.monotonic_ns() & 0xFFFFFFFF
         self._send(bytes([Query.VALIDATE]) + _U32.pack(MAGIC))
@@ -188,35 +194,54 @@ class WireStore:
         if got != answer:
             raise self._lost(f"answer {got} where {answer} was due")
 
+    @contextlib.contextmanager
+    def _exchange(self) -> Iterator[None]:
+        """One query and its answer, alone on the connection. An exchange cut half-way (Ctrl-C
+        in the kernel, between a query and its answer) leaves the connection out of step: the
+        next answer read there would be this one's. It is closed, and the next query opens a
+        new one."""
+        with self._lock:
+            if self._cut:
+                self._cut = False
+                self._open()
+            try:
+                yield
+            except StoreError:
+                raise
+            except BaseException:
+                self.close()
+                self._cut = True
+                raise
+
     # --- the Store interface (torch's names and meanings) -------------------------------------
 
     def set(self, key: str, value: str | bytes) -> None:
-        with self._lock:
+        with self._exchange():
             self._send(bytes([Query.SET]) + _string(self._prefix + key) + _string(value))
 
     def get(self, key: str) -> bytes:
-        with self._lock:
+        with self._exchange():
             self._wait([key], self.timeout_s)
             self._send(bytes([Query.GET]) + _string(self._prefix + key))
             return self._recv_bytes()
 
     def multi_get(self, names: Sequence[str]) -> list[bytes]:
-        with self._lock:
+        with self._exchange():
             self._wait(names, self.timeout_s)
             self._send(bytes([Query.MULTI_GET]) + self._keys(names))
             return [self._recv_bytes() for _ in names]
 
     def wait(self, names: Sequence[str], timeout: timedelta | None = None) -> None:
-        with self._lock:
+        with self._exchange():
             self._wait(names, self.timeout_s if timeout is None else timeout.total_seconds())
 
     def check(self, names: Sequence[str]) -> bool:
-        with self._lock:
+        with self._exchange():
             self._send(bytes([Query.CHECK]) + self._keys(names))
             return self._recv(1)[0] == _READY
 
     def add(self, key: str, value: int) -> int:
-        with self._lock:
+        with self._exchange():
             self._send(bytes([Query.ADD]) + _string(self._prefix + key) + _INT.pack(value))
             return self._recv_int()
 
@@ -224,17 +249,17 @@ class WireStore:
         """`desired` where the key holds `expected` (empty: where it is absent); the value
         found after, as torch's server says it (`expected` itself where the key is absent)."""
         query = _string(self._prefix + key) + _string(expected) + _string(desired)
-        with self._lock:
+        with self._exchange():
             self._send(bytes([Query.COMPARE_SET]) + query)
             return self._recv_bytes()
 
     def delete_key(self, key: str) -> bool:
-        with self._lock:
+        with self._exchange():
             self._send(bytes([Query.DELETE_KEY]) + _string(self._prefix + key))
             return self._recv_int() == 1
 
     def num_keys(self) -> int:
         """Every key of the store, under any prefix (as `PrefixStore.num_keys` counts)."""
-        with self._lock:
+        with self._exchange():
             self._send(bytes([Query.GETNUMKEYS]))
             return self._recv_int()

@@ -144,3 +144,29 @@ def test_signed_values_pass_between_the_kernel_and_the_ranks(server: dist.TCPSto
         kernel.get(keys.host(1))
     assert kernel.multi_get([keys.host(1)]) == [b""] and not kernel.check([keys.host(1)])
     assert kernel.take_forged() == [keys.host(1)]
+
+
+def test_a_query_cut_by_ctrl_c_costs_its_connection_not_the_next_answers(
+    server: dist.TCPStore,
+) -> None:
+    """Ctrl-C while a query waits for its answer leaves that answer due on the connection: a
+    client that went on there would read it as the next query's. The next query gets a new
+    connection and its own answer."""
+    import os
+    import signal
+
+    store = wire(server)
+    rank = torch_client(server)
+    fired = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    fired.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.wait(["never"], datetime.timedelta(seconds=NAMED_S))  # cut while it waits
+    finally:
+        fired.cancel()
+        fired.join()
+    rank.set("never", b"now")  # the cut wait's answer would come now, on the old connection
+    rank.set("other", b"mine")
+    assert store.get("other") == b"mine"
+    assert store.add("count", 5) == 5 and store.check(["never"])
+    store.close()
