@@ -54,21 +54,29 @@ class Held:
 
 # The handlers `held()` replaced, innermost last: `let_through` puts back the outermost one.
 _before: list[Any] = []
+_open: list[Held] = []  # the `held()` blocks open, innermost last
 
 
 @contextlib.contextmanager
 def held() -> Iterator[Held]:
     """Within the block, SIGINT is noted on the `Held` it yields, not raised (see the module).
-    Off the main thread no signal can reach the code: nothing changes there."""
+    Inside another `held()` block, what was noted passes to that one as the block ends: the
+    outermost block decides when to raise. Off the main thread no signal can reach the code:
+    nothing changes there."""
     noted = Held()
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
     _before.append(signal.signal(signal.SIGINT, noted.note))
+    _open.append(noted)
     try:
         yield noted
     finally:
         signal.signal(signal.SIGINT, _before.pop())
+        _open.pop()
+        if _open:
+            _open[-1].count += noted.count
+            noted.count = 0
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from distnb.errors import ConfigError, SessionError
+from distnb.errors import ConfigError, Interrupted, SessionError
 from distnb.magics.args import parse, rank_list
 from distnb.ranklist import format_ranks
 
@@ -78,39 +78,72 @@ class AttachMagics(Magics):
             )
         args = parse(self.dist_attach, line)
         ranks = rank_list(args.ranks)
+        doing = "looked for the job"  # what Ctrl-C cuts, said in one line (`_interrupted`)
         try:
             if args.no_agent:
                 hosts = [h for h in (args.hosts or "").split(",") if h]
                 return attach_processes(args.target, hosts=hosts)
             if args.detach:
+                doing = "let go of the job"
                 return self._detach()
             if self.job is None or args.target is not None:
                 self._detach()
+                doing = "attached"
                 self.job = attach(args.target)
             job = self.job
             which = format_ranks(job.pick(ranks))
             if args.where:
+                doing = "set the breakpoint"
                 job.breakpoint(args.where, args.cond, ranks)
                 cond = f" if {args.cond}" if args.cond else ""
                 print(f"distnb: a breakpoint at {args.where}{cond} on {which}")
             if args.stop:
+                doing = "asked the ranks to stop"
                 job.stop(ranks, at=args.at)
+                doing = "waited for the ranks to stop"
                 print(_stopping(job, job.pick(ranks), args.at))
             if args.debug:
+                doing = "served the stopped ranks' debugger"
                 return job.debug()
             if args.panel:
+                doing = "waited for a rank to stop for the panel"
                 shown = format_ranks(job.panel())
                 return print(f"distnb: JupyterLab's debugger panel shows {shown}")
             if args.resume:
+                doing = "let the ranks go on"
                 job.resume(ranks)
                 return print(f"distnb: {which} go on")
             if args.stop or args.where:
                 return None
+            doing = "read the ranks' status"
             view = job.status()
             self.forget_ended()
             return view
         except (ConfigError, SessionError, RuntimeError) as exc:
             raise UsageError(self._words(exc)) from None
+        except KeyboardInterrupt:
+            raise Interrupted(self._interrupted(doing)) from None
+
+    def _interrupted(self, doing: str) -> str:
+        """The one line for Ctrl-C in `%dist_attach`: what it cut, and the state it left."""
+        said = f"%dist_attach was interrupted while it {doing}"
+        job = self.job
+        if job is None or not job.attached:
+            return f"{said}: no job is attached; %dist_attach attaches again"
+        run = job.link.endpoint.run
+        if "to stop" in doing:  # the stop's requests are posted whole (`AttachedJob.stop`)
+            return (
+                f"{said}: still attached to job {run}; the stop was asked, and the ranks stop "
+                "as asked (%dist_status shows where, %dist_attach --resume lets them go on)"
+            )
+        try:
+            snaps = job.snapshots(1.0)
+        except (SessionError, RuntimeError, KeyboardInterrupt):
+            return f"{said}: still attached to job {run}; %dist_status shows it"
+        stopped = [s.rank for s in snaps if s.state.value in ("stopped", "held")]
+        now = f"{format_ranks(stopped)} stopped or held" if stopped else "no rank stopped"
+        after = "; %dist_attach --resume lets them go on" if stopped else ""
+        return f"{said}: still attached to job {run}, {now}{after}"
 
     @magic_arguments()
     @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6 (or 0,2, all)")

@@ -47,22 +47,32 @@ def attach(target: str | None = None, *, timeout: float = 10.0) -> AttachedJob:
             f"run {endpoint.run} has ended (exit status {folder.ended()}); nothing to attach to"
         )
     link = Link(endpoint, folder.secret(), connect_timeout_s=timeout)
+    try:  # a wait cut short (an error, Ctrl-C) lets go of the job's control plane
+        world = _registered(link, timeout)
+    except BaseException:
+        link.close()
+        raise
+    return AttachedJob(folder, link, world)
+
+
+def _registered(link: Link, timeout: float) -> int:
+    """The job's world size, once rank 0's agent has registered; every rank's agent, so that
+    a first request reaches all of them (one still missing at the deadline is shown as such by
+    the status: it has not imported torch, or it died)."""
+    run = link.endpoint.run
     deadline = time.monotonic() + timeout
     while (first := link.registered(0)) is None:
         if time.monotonic() > deadline:
-            link.close()
             raise SessionError(
-                f"no agent of run {endpoint.run} has started in {timeout:g} s: its script has "
+                f"no agent of run {run} has started in {timeout:g} s: its script has "
                 "not imported torch yet, or its workers do not run distnb's agent (see stderr "
                 "of the job for a line starting with 'distnb:')"
             )
         time.sleep(0.05)
     world = first.world_size
-    # every rank's agent, so that a first request reaches all of them; one still missing at
-    # the deadline is shown as such by the status (it has not imported torch, or it died)
     while time.monotonic() < deadline and any(link.registered(r) is None for r in range(world)):
         time.sleep(0.05)
-    return AttachedJob(folder, link, world)
+    return world
 
 
 def locate(target: str | None) -> RunFolder:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from distnb import interrupts
 from distnb.contract.folders import RunFolder
 from distnb.contract.storewire import StoreGone
 from distnb.errors import ConfigError, SessionError
@@ -50,6 +51,8 @@ from distnb.session.attach.prompts import JobPrompts
 from distnb.views.attach import JobView
 
 __all__ = ["AttachedJob"]
+
+RESUMED_S = 2.0  # how long `resume` waits to see the ranks it let go leave their stop
 
 
 class AttachedJob:
@@ -189,10 +192,12 @@ class AttachedJob:
             raise ConfigError(f"at is {known}, not {at!r}") from None
         chosen = self.pick(ranks)
         self.link.start_lease()
-        self._ask(Stop(point), chosen)
-        others = [r for r in self.ranks if r not in chosen]
-        if others:
-            self._ask(Hold(), others)
+        with interrupts.held() as noted:  # stopped ranks and held peers together (Ctrl-C after)
+            self._ask(Stop(point), chosen)
+            others = [r for r in self.ranks if r not in chosen]
+            if others:
+                self._ask(Hold(), others)
+        noted.check()
 
     def stopped(self, ranks: RankArg | None = None, wait_s: float = 0.0) -> list[RankSnapshot]:
         """The snapshots of `ranks` (default: all) that are stopped, once all of them are or
@@ -284,6 +289,13 @@ class AttachedJob:
         if self.visual is not None:
             self.visual.resume(self.pick(ranks))
         self._ask(Release(), None)
+        deadline = time.monotonic() + RESUMED_S  # so that what is said next says they went on
+        waiting = (AgentState.STOPPED, AgentState.HELD)
+        chosen = self.pick(ranks)
+        while time.monotonic() < deadline and any(
+            s.state in waiting for s in self.snapshots(1.0) if s.rank in chosen
+        ):
+            time.sleep(0.05)
 
     # looking inside stopped ranks (`inside`): code in their frames, shapes, replicas, overflow
     run = inside.run

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from distnb import interrupts
 from distnb.contract import keys
 from distnb.contract.folders import Endpoint
 from distnb.contract.signing import Signed
@@ -70,10 +71,14 @@ class Link:
         are left out."""
         body = dumps_request(request)
         pending = {}
-        for rank in ranks:
-            n = self.store.add(keys.agent_calls(rank), 1) - 1
-            self.store.set(keys.agent_request(rank, n), body)
-            pending[rank] = keys.agent_reply(rank, n)
+        # a number taken is a request posted: a rank's agent reads its requests in turn, and
+        # would wait for good on a number whose request Ctrl-C kept from coming
+        with interrupts.held() as noted:
+            for rank in ranks:
+                n = self.store.add(keys.agent_calls(rank), 1) - 1
+                self.store.set(keys.agent_request(rank, n), body)
+                pending[rank] = keys.agent_reply(rank, n)
+        noted.check()
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout_s
         while pending:

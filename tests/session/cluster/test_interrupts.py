@@ -79,6 +79,21 @@ def test_a_held_interrupt_is_raised_where_the_code_asks_and_a_prompt_lets_it_thr
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_inside_another_held_block_the_outermost_decides_when_to_raise() -> None:
+    """A step that must be whole (posting a request) inside a command that must be whole
+    (stopping ranks and holding their peers): the inner block's interrupt is the outer's."""
+    from distnb import interrupts
+
+    with interrupts.held() as outer:
+        with interrupts.held() as inner:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert inner.count == 1
+        inner.check()  # no longer its own: nothing raised here
+        assert (inner.count, outer.count) == (0, 1)
+        with pytest.raises(KeyboardInterrupt):
+            outer.check()
+
+
 @pytest.mark.cluster
 def test_ctrl_c_in_dist_start_leaves_a_kernel_that_starts_the_next_time() -> None:
     out = run(
