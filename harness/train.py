@@ -7,7 +7,9 @@ SKIP_AT, then every rank saves a "checkpoint" it never finishes: rank 0 waits fo
 last all_reduce), `mismatch` (at step SKIP_AT the ranks broadcast tensors of different shapes:
 plain gloo gives rank 1 a half-written tensor, silently), `nan` (rank 1's batch of step SKIP_AT
 holds an inf: every rank's weights go NaN), `drift` (from step SKIP_AT on, rank 1 averages its
-gradients over one rank too few: its weights drift from its peers'), `wait` (as `ok`). With
+gradients over one rank too few: its weights drift from its peers'), `uneven` (rank 1's data
+runs out at step SKIP_AT: it leaves the loop and its script ends, while rank 0 goes on to its
+next all_reduce), `wait` (as `ok`). With
 READY set, every rank waits for that file before each step: a job still running when the test
 looks.
 LINGER: every mode ends in the "checkpoint" sleep, so the job is there to attach to. The final
@@ -41,6 +43,8 @@ def main() -> None:
     loss = torch.zeros(())
     warm = min(10, STEPS - 1)
     for step in range(STEPS):
+        if MODE == "uneven" and rank == 1 and step == SKIP_AT:
+            break  # rank 1's data ran out: it leaves the loop, and its script ends
         if step == warm:
             t0 = time.perf_counter()
         while "READY" in os.environ and not READY.exists():
@@ -65,7 +69,7 @@ def main() -> None:
             p.grad.copy_(flat[start : start + p.numel()].view_as(p) / over)
             start += p.numel()
         opt.step()
-    per_step = (time.perf_counter() - t0) / max(1, STEPS - warm)
+    per_step = (time.perf_counter() - t0) / max(1, STEPS - warm) if step >= warm else 0.0
     print(f"final {rank} {loss.item().hex()} step_s {per_step:.9f}", flush=True)
     if MODE == "hang" or os.environ.get("LINGER"):
         time.sleep(3600)  # "saving a checkpoint"

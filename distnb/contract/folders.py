@@ -7,7 +7,11 @@
   command line;
 - `secret`: the key every value in that store is signed with (`distnb.contract.signed`), readable by
   the user alone (mode 0600, in a 0700 folder): whoever can read it can attach, nobody else;
-- `ended` once the launcher has returned (its exit status).
+- `ended` once the launcher has returned (its exit status);
+- `ends/<rank>.json`: each rank's last snapshot, written by its agent as its process ends (how:
+  its script finished, or raised what, where; the collective it was in, the last it finished),
+  so that the verdict on a job that ended, or a rank that ended while its peers wait, can say
+  what each rank did last. A rank killed (SIGKILL, out of memory) writes none.
 
 A launcher that makes a run folder prunes those of ended runs, keeping the newest `KEEP_ENDED`
 (a notebook may still read what one said); folders of runs that have not ended are never touched.
@@ -140,6 +144,24 @@ class RunFolder:
                 f"cannot read {self.path / 'secret'}: only the user who started the job can "
                 "attach to it"
             ) from None
+
+    def write_final(self, rank: int, snapshot: Record) -> None:
+        """Rank `rank`'s last snapshot (see the module), whole or not at all."""
+        folder = self.path / "ends"
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f"{rank}.json.tmp"
+        tmp.write_text(json.dumps(snapshot.to_dict()))
+        tmp.replace(folder / f"{rank}.json")
+
+    def finals(self) -> dict[int, dict[str, object]]:
+        """The last snapshots the ranks' agents wrote, by rank (as dicts: `RankSnapshot`'s)."""
+        found = {}
+        for path in (self.path / "ends").glob("*.json"):
+            try:
+                found[int(path.stem)] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return found
 
     def ended(self) -> int | None:
         """The launcher's exit status once it has returned, else None."""

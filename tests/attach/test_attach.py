@@ -203,7 +203,8 @@ def test_a_job_that_ends_while_attached_is_said_once_and_the_next_one_attaches(
         ready.touch()
         first.finals()  # the job ran to its end while attached
         # the next look says so in one line, and the notebook lets go of the job
-        with pytest.raises(UsageError, match=r"^job ok-0 has ended \(exit status 0\): its "):
+        ended = r"^job ok-0 has ended \(exit status 0\): every rank finished its script; "
+        with pytest.raises(UsageError, match=ended):
             ip.run_cell_magic("attached", "", "print(step)")
         with pytest.raises(UsageError, match=r"no job is attached"):
             ip.run_cell_magic("attached", "", "print(step)")
@@ -221,3 +222,29 @@ def test_a_job_that_ends_while_attached_is_said_once_and_the_next_one_attaches(
         assert j.gone
         ip.run_line_magic("dist_attach", "")  # said, then let go: nothing attached
         assert ip.magics_manager.registry["AttachMagics"].job is None
+
+
+def test_a_job_that_ends_because_a_rank_ran_out_of_data_is_said_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's data runs out: its script ends while rank 0 waits in its next all_reduce, which
+    gloo then fails ("Connection closed by peer"), and the job ends. Each rank's agent left its
+    last snapshot in the run folder: the ending is said with both ranks' lines."""
+    with job(tmp_path, "uneven", STEPS="8", SKIP_AT="3") as jb:
+        j = attached(jb.folder)
+        status = jb.proc.wait(timeout=120)
+        assert status != 0
+        view = j.status()  # the control plane is gone: this finds it so
+        said = j.ended_words()
+    train = str(TRAIN)
+    assert said.startswith(f"job {jb.folder.name} has ended (exit status {status}): "), said
+    assert (
+        f"rank 0 raised in all_reduce #6 on WORLD at {train}:{GRADS}: RuntimeError: "
+        "Connection closed by peer"
+    ) in said, said
+    assert (
+        f"rank 1 had finished its script without calling it (last: all_reduce #5 on WORLD at "
+        f"{train}:{METRICS})"
+    ) in said, said
+    assert said.endswith("; %dist_attach attaches to the next run (distnb.attach())"), said
+    assert view.verdicts and view.verdicts[0] in said, view.verdicts

@@ -22,7 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from distnb.contract import keys
 from distnb.contract.folders import RunFolder
 from distnb.contract.signed import SignedStore
-from distnb.rank.agent import panel
+from distnb.rank.agent import ending, panel
 from distnb.rank.agent.entries import GroupMethods
 from distnb.rank.agent.safepoints import SafePoints
 from distnb.rank.agent.serve import Server
@@ -40,7 +40,7 @@ class Agent:
     """One rank's agent: `tape` (its collectives), `safepoints` (stops), `server` (answers)."""
 
     def __init__(self, folder: Path, rank: int, world_size: int, local_rank: int) -> None:
-        job = RunFolder(folder)
+        job = self.folder = RunFolder(folder)
         self.endpoint = job.endpoint()
         self._secret = bytes.fromhex(job.secret())
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
@@ -83,7 +83,9 @@ class Agent:
             socket.gethostname(), os.getpid(), self.local_rank, self.world_size, time.time()
         )
         self.store.set(keys.agent_rank(self.rank), json.dumps(me.to_dict()))
-        Server(self).start()
+        server = Server(self)
+        server.start()
+        ending.install(self.rank, self.folder, server.snapshot)
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step = (self.step or 0) + 1

@@ -26,6 +26,7 @@ from distnb.contract.folders import RunFolder
 from distnb.contract.storewire import StoreGone
 from distnb.errors import ConfigError, SessionError
 from distnb.judgement import snapshot
+from distnb.judgement.endings import endings
 from distnb.ranklist import RankArg, rank_arg
 from distnb.records.agent import (
     AgentRequest,
@@ -101,10 +102,18 @@ class AttachedJob:
                 out.append(self._silent(rank))
         return out
 
+    def finals(self) -> dict[int, RankSnapshot]:
+        """The last snapshots of the ranks that have ended, as their agents wrote them
+        (`distnb.rank.agent.ending`): how each ended, and what it was doing."""
+        return {r: RankSnapshot.from_dict(d) for r, d in self.folder.finals().items()}
+
     def _silent(self, rank: int) -> RankSnapshot:
         info = self.link.registered(rank)
         host, pid = (info.host, info.pid) if info is not None else ("?", 0)
         here = host == socket.gethostname()
+        final = self.finals().get(rank)
+        if final is not None and (not here or not _alive(pid)):
+            return final
         if info is None:
             words = "has not started its agent (the script has not imported torch yet?)"
         elif here and not _alive(pid):
@@ -125,15 +134,19 @@ class AttachedJob:
         )
 
     def _ended(self, rank: int) -> RankSnapshot:
-        return RankSnapshot(rank, "", 0, AgentState.GONE, len(self.ranks), where="ended")
+        final = self.finals().get(rank)
+        gone = RankSnapshot(rank, "", 0, AgentState.GONE, len(self.ranks), where="ended")
+        return final if final is not None else gone
 
     def ended_words(self) -> str:
-        """The one line for a job whose control plane went away while attached."""
+        """The one line for a job whose control plane went away while attached: how it ended,
+        and what its ranks did last (`distnb.judgement.endings`)."""
         status = self.folder.ended()
         how = f" (exit status {status})" if status is not None else ""
+        said = "; ".join(endings(self.finals(), len(self.ranks))) or "its control plane is gone"
         return (
-            f"job {self.link.endpoint.run} has ended{how}: its control plane is gone; "
-            "%dist_attach attaches to the next run (distnb.attach())"
+            f"job {self.link.endpoint.run} has ended{how}: {said}; %dist_attach attaches to "
+            "the next run (distnb.attach())"
         )
 
     def events(self, last: int = 1000) -> dict[int, list[tuple[CollectiveEvent, Fingerprint]]]:
@@ -168,7 +181,9 @@ class AttachedJob:
             title += f": ended, exit status {ended}"
         elif self.gone:
             title += ": ended (its control plane is gone)"
-        return JobView(title, tuple(snaps), () if self.gone else tuple(self.verdicts(snaps)))
+        if self.gone:
+            return JobView(title, tuple(snaps), tuple(endings(self.finals(), len(self.ranks))))
+        return JobView(title, tuple(snaps), tuple(self.verdicts(snaps)))
 
     def timeline(self, last: int = 200) -> Any:
         """The last collectives of every rank on a timeline (`distnb.views.timeline`)."""
