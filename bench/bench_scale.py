@@ -18,7 +18,10 @@ rank's time):
              exactly the path taken across machines; here the machines are host names on one
              machine, so the store's round trips are loopback's, not a network's);
 - per rank:  checked, every rank a host of its own (what `DISTNB_SHM=0` does: the store path
-             for every pair of ranks, the worst case of a cross-host job).
+             for every pair of ranks, the worst case of a cross-host job); from `SPREAD_HOSTS`
+             hosts on, the leaders agree by dissemination, in log2 H rounds;
+- per rank, all read: the same, every leader reading every other's summary (the path below
+             `SPREAD_HOSTS`), for the comparison.
 
 Each mode reinstalls the checked runtime with its hosts before its turn (and makes the group's
 board with one call outside the timing). Then a model (`--model`): fitted to the measured
@@ -47,6 +50,7 @@ from median_ci import ratio_of_medians  # noqa: E402
 from results import saved  # noqa: E402
 from spawned import Spawned  # noqa: E402
 
+from distnb.rank.checked.exchange.tiered import SPREAD_HOSTS  # noqa: E402
 from distnb.rank.checked.groups import FLAT_MAX  # noqa: E402
 
 
@@ -63,8 +67,9 @@ def _worker(rank: int, world: int, port: int, conn: Connection) -> None:
 
     from distnb.rank import checked
     from distnb.rank.checked import groups
+    from distnb.rank.checked.exchange import tiered
 
-    FLAT_MAX = groups.FLAT_MAX
+    FLAT_MAX, SPREAD = groups.FLAT_MAX, tiered.SPREAD_HOSTS
     torch.set_num_threads(1)
     client = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=120))
     dist.init_process_group(
@@ -82,6 +87,7 @@ def _worker(rank: int, world: int, port: int, conn: Connection) -> None:
         hosts, iters = request
         if hosts:
             groups.FLAT_MAX = 10**6 if hosts[0] == "flat" else FLAT_MAX
+            tiered.SPREAD_HOSTS = 10**6 if hosts[0].startswith("all:") else SPREAD
             checked.install(store, rank=rank, world_size=world, session_id=session, hosts=hosts)
         dist.all_reduce(x)  # the group's board made outside the timing
         dist.barrier()
@@ -112,6 +118,8 @@ def modes_for(world: int) -> dict[str, list[str] | None]:
         if world > h:
             modes[f"{h} hosts"] = layout(world, h)
     modes["per rank"] = layout(world, world)
+    if world >= SPREAD_HOSTS:  # the leaders' agreement as below SPREAD_HOSTS: each reads all
+        modes["per rank, all read"] = [f"all:{h}" for h in layout(world, world)]
     return modes
 
 

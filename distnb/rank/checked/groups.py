@@ -173,8 +173,9 @@ class Groups:
         leaders = details = None
         if len(hosts) > 1:
             heads = [members[h[0]] for h in hosts]
+            spread = [head for head in heads for _ in range(exchange.rounds(len(hosts)))]
             leaders = exchange.StoreBoard(
-                self.store, keys.board(self.generation, f"c-{name}-l"), 2, heads
+                self.store, keys.board(self.generation, f"c-{name}-l"), 2, spread
             )
             details = exchange.StoreBoard(
                 self.store, keys.board(self.generation, f"c-{name}-d"), 2, heads

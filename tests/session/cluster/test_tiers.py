@@ -1,5 +1,6 @@
-"""The two-level exchange on real ranks: 8 ranks as 2 hosts of 4, as 4 hosts of 2, and as one
-host of 8 (where, from `groups.FLAT_MAX` ranks on, members wait for their leader too).
+"""The two-level exchange on real ranks: 8 ranks as 2 hosts of 4, as 4 hosts of 2, as one host
+of 8 (where, from `groups.FLAT_MAX` ranks on, members wait for their leader too), and as 8
+hosts of 1, where the leaders agree by dissemination (`tiered.SPREAD_HOSTS`).
 
 `DISTNB_SHM=k` makes each k ranks a rehearsal host: shared memory within, the store between,
 one leader per host (`distnb.rank.checked.exchange.tiered`). A mismatch, a rank that finishes
@@ -26,7 +27,9 @@ WORLD = 8
 
 
 @pytest.fixture(
-    scope="module", params=[4, 2, 8], ids=["2 hosts of 4", "4 hosts of 2", "1 host of 8"]
+    scope="module",
+    params=[4, 2, 8, 1],
+    ids=["2 hosts of 4", "4 hosts of 2", "1 host of 8", "8 hosts of 1"],
 )
 def hosts(request: pytest.FixtureRequest) -> Iterator[tuple[Session, int]]:
     per_host: int = request.param
@@ -48,11 +51,12 @@ def test_every_rank_agrees_through_its_host_leader(hosts: tuple[Session, int]) -
         "x = torch.full((3,), rank + 1.0)\n"
         "for _ in range(20):\n    dist.all_reduce(x)\n"
         "tiers = _checker.groups[dist.group.WORLD.group_name].tiers\n"
-        "(type(tiers).__name__, tiers.hosts, tiers.leader, x[0].item() > 0)"
+        "(type(tiers).__name__, tiers.hosts, tiers.leader, tiers.rounds, x[0].item() > 0)"
     )
     layout = [list(range(h, h + per_host)) for h in range(0, WORLD, per_host)]
+    rounds = 3 if per_host == 1 else 1  # 8 hosts: the leaders agree in log2 8 rounds
     for r in range(WORLD):
-        assert result.result(r) == f"('Tiers', {layout}, {r % per_host == 0}, True)"
+        assert result.result(r) == f"('Tiers', {layout}, {r % per_host == 0}, {rounds}, True)"
 
 
 def test_a_mismatch_on_another_host_names_every_rank(hosts: tuple[Session, int]) -> None:

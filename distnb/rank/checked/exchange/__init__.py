@@ -21,7 +21,8 @@ Two kinds of board, chosen per group:
   hosts, one store round trip per post and per poll.
 
 A group whose ranks span hosts, several on some, exchanges in two levels (`tiered.Tiers`):
-shared memory on each host, one leader per host through the store.
+shared memory on each host, one leader per host through the store (from `SPREAD_HOSTS` hosts on,
+the leaders agree by dissemination, in log2 H rounds).
 
 `collect()` (`wait`) waits for a set of rings: on a `ShmBoard` it sleeps on the ring's doorbell
 and polls only in a window around the time it expects the post; on a `StoreBoard` it polls with
@@ -45,7 +46,7 @@ from distnb.rank.checked.exchange.board import (
 )
 from distnb.rank.checked.exchange.shm import SHM_DIR, SPIN_NS, ShmBoard, cleanup, shm_path
 from distnb.rank.checked.exchange.store import StoreBoard
-from distnb.rank.checked.exchange.tiered import AGREED, Missing, Tiers, hosts_of
+from distnb.rank.checked.exchange.tiered import AGREED, Missing, Tiers, hosts_of, rounds
 from distnb.rank.checked.exchange.wait import TICK_NS, Tick, collect, poll_once
 
 __all__ = [
@@ -68,5 +69,6 @@ __all__ = [
     "collect",
     "hosts_of",
     "poll_once",
+    "rounds",
     "shm_path",
 ]

@@ -21,6 +21,16 @@ Per collective the store sees H posts and H polls of H-1 keys (H hosts), instead
 N-1. Depth 2 holds on every board for the reason the package's docstring gives: a member posts
 s after reading result s-1, which its leader posts after reading every summary s-1.
 
+From `SPREAD_HOSTS` hosts on, step 3 is a **dissemination** among the leaders (as in the
+dissemination barrier of Hensgen, Finkel and Manber): in round r = 0, 1, ... ceil(log2 H) - 1,
+leader h posts what it knows (`AGREED` and the core, if every host it has heard of, itself
+included, said so; else `!`) on its ring r and reads the ring r of leader h - 2^r (mod H),
+keeping the agreement only if both agree. After the last round each leader has heard, through
+chains of reads, from every host: the same outcome everywhere, from log2 H posts and reads per
+leader (H log H key reads per collective, not H(H-1)). Depth 2 still holds: a leader's result at
+s-1 comes after every host's round-0 post of s-1, which each makes after its whole exchange at
+s-2, so the reads of its s-2 posts are done when it posts s.
+
 Who a waiting member is waiting for (its beacon's `waiting_for`, which the kernel's referee
 reads) is exact on its own host (the host's rings) and, for another host, every member of a host
 whose summary has not come (the store cannot tell which of them is late; the referee blames only
@@ -29,6 +39,7 @@ the ranks among them that are done, so its verdict is unchanged).
 
 from __future__ import annotations
 
+import functools
 import marshal
 import time
 from collections.abc import Callable, Sequence
@@ -38,10 +49,11 @@ from distnb.rank.checked.exchange.shm import ShmBoard
 from distnb.rank.checked.exchange.store import StoreBoard
 from distnb.rank.checked.exchange.wait import poll_once
 
-__all__ = ["AGREED", "SETTLE_S", "Gather", "Missing", "Tiers", "hosts_of"]
+__all__ = ["AGREED", "SETTLE_S", "SPREAD_HOSTS", "Gather", "Missing", "Tiers", "hosts_of", "rounds"]
 
 AGREED = b"="
 _DIFFER = b"!"
+SPREAD_HOSTS = 8  # from this many hosts on, the leaders agree by dissemination
 _ABORTED = b"x"
 SETTLE_S = 5.0  # how long a member waits for its leader's word after its wait was ended
 
@@ -50,6 +62,12 @@ SETTLE_S = 5.0  # how long a member waits for its leader's word after its wait w
 Missing = Callable[[Sequence[int]], list[int]]
 Gather = Callable[[Board, Sequence[int], int, Missing], "list[bytes] | None"]
 Legal = Callable[[bytes], bool]  # legal(core): may every member post this same core?
+
+
+def rounds(hosts: int) -> int:
+    """The leaders' rounds of agreement among `hosts` hosts (1: every leader reads every
+    other's summary at once; see the module)."""
+    return 1 if hosts < SPREAD_HOSTS else (hosts - 1).bit_length()
 
 
 def hosts_of(identities: Sequence[str]) -> list[list[int]]:
@@ -87,6 +105,8 @@ class Tiers:
         self.size = sum(len(h) for h in self.hosts)
         self.local, self.leaders, self.details = local, leaders, details
         self.posted: list[tuple[Board, int, int]] = []  # what `withdraw` takes back
+        self.rounds = rounds(len(self.hosts))  # the leaders' board: ring host * rounds + round
+        self._known: tuple[int, int, bytes] = (0, 0, b"")  # (stamp, rounds done, agreement)
 
     @property
     def leader(self) -> bool:
@@ -97,7 +117,7 @@ class Tiers:
     ) -> bytes | list[bytes] | None:
         """AGREED, every member's payload in the group's order, or None (`gather` came back
         without them: only a gather that must not wait does that)."""
-        self.posted = []
+        self.posted, self._known = [], (0, 0, b"")
         if self.leader:  # a word from an earlier try at this stamp is void: this one starts
             self.local.retract(self.abort_ring, stamp)
         self._post(self.local, self.slot, stamp, payload)
@@ -117,10 +137,10 @@ class Tiers:
         host.insert(0, payload)
         same = all(self.core_of(p) == core for p in host) and legal(core)
         summary = AGREED + core if same else _DIFFER
-        theirs = self._across(self.leaders, stamp, summary, gather)
-        if theirs is None:
+        agreed = self._agree(stamp, summary, gather)
+        if agreed is None:
             return None
-        if same and all(s == summary for s in theirs):
+        if agreed:
             self.local.post(self.result_ring, stamp, AGREED)
             return AGREED
         remote = self._across(self.details, stamp, marshal.dumps(host), gather)
@@ -132,6 +152,31 @@ class Tiers:
                 every[i] = p
         self.local.post(self.result_ring, stamp, marshal.dumps(every))
         return every
+
+    def _agree(self, stamp: int, summary: bytes, gather: Gather) -> bool | None:
+        """Whether every host's summary is `summary`, itself an agreement (None: `gather` came
+        back without what it needed; a later call goes on from there)."""
+        if self.leaders is None:
+            return summary != _DIFFER
+        if self.rounds == 1:
+            theirs = self._across(self.leaders, stamp, summary, gather)
+            return None if theirs is None else all(s == summary != _DIFFER for s in theirs)
+        done, known = (self._known[1], self._known[2]) if self._known[0] == stamp else (0, summary)
+        hosts = len(self.hosts)
+        for r in range(done, self.rounds):
+            ring = self.host * self.rounds + r
+            if (self.leaders, ring, stamp) not in self.posted:
+                self._post(self.leaders, ring, stamp, known)
+            before = (self.host - (1 << r)) % hosts  # its word covers hosts before..before-2^r+1
+            heard = [(before - k) % hosts for k in range(1 << r)]
+            missing = functools.partial(_late, self._missing_hosts, heard)
+            got = gather(self.leaders, [before * self.rounds + r], stamp, missing)
+            if got is None:
+                self._known = (stamp, r, known)
+                return None
+            known = known if got[0] == known else _DIFFER
+        self._known = (stamp, self.rounds, known)
+        return known == summary != _DIFFER
 
     def _across(
         self, board: StoreBoard | None, stamp: int, value: bytes, gather: Gather
@@ -198,7 +243,7 @@ class Tiers:
             return late
         if self.leaders is None:
             return []
-        summaries = self.leaders.read_many(self.others, stamp)
+        summaries = self.leaders.read_many([h * self.rounds for h in self.others], stamp)
         return self._missing_hosts([h for h, s in zip(self.others, summaries) if s is None])
 
     def _missing_hosts(self, hosts: Sequence[int]) -> list[int]:
@@ -215,6 +260,12 @@ class Tiers:
         for board in (self.leaders, self.details):
             if board is not None:
                 board.close(unlink)
+
+
+def _late(hosts_missing: Missing, heard: list[int], _: Sequence[int]) -> list[int]:
+    """Who a leader waits for in a round: every member of the hosts its partner's word covers
+    (the store cannot tell which of them is late)."""
+    return hosts_missing(heard)
 
 
 def _result(value: bytes) -> bytes | list[bytes]:
