@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distnb import interrupts
 from distnb.contract.folders import RunFolder
@@ -48,12 +48,20 @@ from distnb.session.attach import inside
 from distnb.session.attach.link import Link
 from distnb.session.attach.panel import JobPanel, relay
 from distnb.session.attach.procs import pyspy_stack
-from distnb.session.attach.prompts import JobPrompts
+from distnb.session.attach.prompts import DeskPrompts, JobPrompts
+from distnb.session.load import stretched
 from distnb.views.attach import JobView
+
+if TYPE_CHECKING:
+    from distnb.session.debugger.desk import Desk
 
 __all__ = ["AttachedJob"]
 
 RESUMED_S = 2.0  # how long `resume` waits to see the ranks it let go leave their stop
+# How long `debug` waits, after an answer, for a rank to stop again (a step over a collective
+# waits for the held peers to be let go and to get there); longer on a loaded machine.
+STEPPED_S = 1.0
+STEPPED_MOST_S = 10.0
 
 
 class AttachedJob:
@@ -264,24 +272,57 @@ class AttachedJob:
 
     def debug(self, wait_s: float = 60.0) -> None:
         """Serve the stopped ranks' debugger prompts here (pdb's commands; `ranks`, `rank N`)
-        until no rank is stopped; wait up to `wait_s` for a first one to stop."""
+        until no rank is stopped; wait up to `wait_s` for a first one to stop.
+
+        While no rank is stopped after an answer (a rank steps: `n` over a collective), the
+        held ranks go on, so that the collective the stepping rank is in can complete; they
+        are held again once a rank stops again."""
         from distnb.session.debugger.desk import Desk
 
-        desk = Desk(self.prompts, 0)
+        desk = Desk(DeskPrompts(self.prompts), 0)
         deadline = time.monotonic() + wait_s
-        held = False
-        while True:
-            if desk.serve(self.prompts) and not held:
-                held = True
+        served = False
+        released: list[int] = []  # held ranks let go while a stopped rank steps
+        while not self.gone:
+            if self._serve(desk):
+                served = True
+                deadline = time.monotonic() + stretched(STEPPED_S, STEPPED_MOST_S)
             snaps = self.snapshots(1.0)
-            stopped = [s.rank for s in snaps if s.state is AgentState.STOPPED]
-            if stopped:
-                deadline = time.monotonic() + 1.0
+            if any(s.state is AgentState.STOPPED for s in snaps):
+                deadline = max(deadline, time.monotonic() + 1.0)
                 self.prompts.words = {s.rank: s.state.value for s in snaps}
-            elif time.monotonic() > deadline or (held and not self.prompts.open):
+            elif time.monotonic() > deadline:
                 break
+            if served and not self.gone:
+                released = self._held_while_stepping(snaps, released)
             time.sleep(0.05)
-        self._ask(Release(), None)
+        if not self.gone:  # the job may end once its ranks go on
+            self._ask(Release(), None)
+
+    def _serve(self, desk: Desk) -> float:
+        """`desk.serve`: the seconds spent with the user; 0 once the job has ended (its ranks
+        went on and finished)."""
+        try:
+            return desk.serve(self.prompts)
+        except RuntimeError as exc:
+            if not connection_lost(exc):
+                raise
+            self.gone = True
+            self.link.close()
+            return 0.0
+
+    def _held_while_stepping(self, snaps: Sequence[RankSnapshot], released: list[int]) -> list[int]:
+        """Let the held ranks go while no rank is stopped, and hold them again once one is
+        (`debug`); the ranks let go and not held again yet."""
+        stopped = [s.rank for s in snaps if s.state is AgentState.STOPPED]
+        if stopped:
+            if released:
+                self._ask(Hold(), [r for r in released if r not in stopped])
+            return []
+        held = [s.rank for s in snaps if s.state is AgentState.HELD]
+        if held:
+            self._ask(Release(), held)
+        return sorted({*released, *held})
 
     def open_prompts(self, wait_s: float) -> list[Any]:
         """The stopped ranks' open prompts, once one is there (or no rank is stopping)."""

@@ -6,6 +6,11 @@ job's control plane, with the keys distnb's own ranks use) and the run it serves
 what each rank printed before its prompt). A stopped rank of an attached job prints into the
 job's store (`distnb.rank.agent.stopped.Out`); `written` pulls those pieces and `show_output`
 shows them with `[rank N]` in front, as the output of distnb's own ranks is shown.
+
+`JobPrompts.asks` returns every prompt not answered yet, for the job's own callers (`run`,
+`resume`, `detach`); the desk reads each prompt once (`DeskPrompts`), as from the session's
+control plane: a prompt it read again while asking would be asked twice, and the answer to the
+second ask would go to a prompt the rank has already left.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from distnb.contract import keys
 from distnb.records.cell import RankState
 from distnb.records.debug import InputRequest
 
-__all__ = ["JobPrompts"]
+__all__ = ["DeskPrompts", "JobPrompts"]
 
 
 class JobPrompts:
@@ -104,3 +109,20 @@ class JobPrompts:
 
     def beacon_words(self) -> dict[int, str]:
         return dict(self.words)
+
+
+class DeskPrompts:
+    """The job's prompts as the desk's `Prompts`: `asks` returns those posted since the last
+    call (each open prompt once), as the session's control plane does."""
+
+    def __init__(self, prompts: JobPrompts) -> None:
+        self.prompts = prompts
+        self._read: set[int] = set()  # the prompts (their `n`) handed to the desk
+
+    def asks(self) -> list[InputRequest]:
+        found = [r for r in self.prompts.asks() if r.n not in self._read]
+        self._read.update(r.n for r in found)
+        return found
+
+    def answer(self, n: int, line: str) -> None:
+        self.prompts.answer(n, line)
