@@ -12,7 +12,9 @@ job alike; no processes, no torch, no store:
   wait at (`desync_reason`, `outside_reason`); where the ranks' calls stopped lining up
   (`skipped_call`);
 - `snapshot`: every verdict a snapshot of all ranks allows (an attached job's), each only
-  once its evidence holds: a wait is judged against the ranks' own recent pace.
+  once its evidence holds: a wait is judged against the ranks' own recent pace;
+- `slowness`: who is slow and why, from profiled steps: each rank's time per step by phase, the
+  straggler and the phase, module or op that makes it late (`breakdown`).
 """
 
 from distnb.judgement.circles import cycle_reason, find_cycle, held_up_by

@@ -1,0 +1,206 @@
+"""Who is slow and why, from plain records: steps, phases and the straggler's cause."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from distnb.judgement.slowness import (
+    Phase,
+    breakdown,
+    step_bounds,
+    subtract,
+    union,
+)
+from distnb.records.codec import decode, encode
+from distnb.records.collective import CallSite, CollectiveEvent
+from distnb.records.profiling import RankProfile, Span, SpanKind
+from distnb.views.profiling import ProfileView
+
+MS = 1_000_000
+SITE = CallSite("cell", 3, cell=5)
+
+
+def job(
+    data: Sequence[int],
+    compute: Sequence[int],
+    steps: int = 3,
+    modules: dict[int, list[str]] | None = None,
+    ops: Sequence[str] = ("aten::addmm",),
+    optimizer: bool = True,
+    loader: bool = True,
+) -> tuple[list[RankProfile], list[CollectiveEvent]]:
+    """Ranks that each load a batch (`data[r]` ms), compute (`compute[r]` ms, in `modules[r]`,
+    outermost first, over ops that share it evenly), meet at an all_reduce and step their
+    optimizer (1 ms)."""
+    ranks = range(len(data))
+    spans: dict[int, list[Span]] = {r: [] for r in ranks}
+    events: list[CollectiveEvent] = []
+    t = 10 * MS
+    first = t
+    for k in range(steps):
+        arrive = {}
+        for r in ranks:
+            at = t
+            if loader:
+                spans[r].append(
+                    Span("enumerate(DataLoader)#_It.__next__", SpanKind.DATA, at, at + data[r] * MS)
+                )
+            at += data[r] * MS
+            end = at + compute[r] * MS
+            for depth, name in enumerate((modules or {}).get(r, [])):
+                spans[r].append(
+                    Span(f"nn.Module: {name}", SpanKind.MODULE, at + depth, end - depth)
+                )
+            share = (end - at) // len(ops)
+            for n, op in enumerate(ops):
+                a = at + n * share
+                spans[r].append(Span(op, SpanKind.OP, a + 10, a + share - 10))
+            arrive[r] = end
+        start = max(arrive.values())
+        for r in ranks:
+            events.append(
+                CollectiveEvent(
+                    r, "WORLD", k, "all_reduce", 64, SITE, arrive[r], start, start + MS, 1
+                )
+            )
+            if optimizer:
+                spans[r].append(
+                    Span("Optimizer.step#SGD.step", SpanKind.OPTIMIZER, start + MS, start + 2 * MS)
+                )
+        t = start + 2 * MS + 100_000  # a little Python between steps
+    profiles = [RankProfile(r, tuple(spans[r]), ((first - MS, t),), runs=(1,)) for r in ranks]
+    return profiles, events
+
+
+def test_a_slow_data_loader_names_the_rank_and_its_dataloader() -> None:
+    profiles, events = job(data=[9, 52], compute=[5, 5])
+    result = breakdown(profiles, events)
+    s = result.straggler
+    assert s is not None and s.rank == 1 and s.phase is Phase.DATA
+    assert s.late_ns == pytest.approx(43 * MS, rel=0.01)
+    assert str(s) == (
+        "rank 1 is 43.0 ms late per step: its DataLoader's next() takes 52.0 ms against 9.0 ms "
+        "on the others"
+    )
+    assert result.steps_by == "optimizer steps"
+    waits = [r.per_step(Phase.WAIT) for r in result.ranks]
+    assert waits[0] == pytest.approx(43 * MS, rel=0.01) and waits[1] == 0
+
+
+def test_a_slow_module_on_one_rank_is_named_rather_than_its_outer_module_or_ops() -> None:
+    modules = {0: ["Net"], 1: ["Net", "SlowBlock"]}
+    profiles, events = job(data=[2, 2], compute=[5, 35], modules=modules)
+    s = breakdown(profiles, events).straggler
+    assert s is not None and s.rank == 1 and s.phase is Phase.COMPUTE
+    assert s.what == "module: SlowBlock"
+    assert "its module SlowBlock (forward) takes" in str(s)
+
+
+def test_a_bigger_batch_names_the_op_that_grew() -> None:
+    profiles, events = job(data=[1, 1], compute=[4, 40], ops=["aten::mm"])
+    s = breakdown(profiles, events).straggler
+    assert s is not None and (s.rank, s.what) == (1, "op: aten::mm")
+    assert "its aten::mm takes 40.0 ms against 4.0 ms" in str(s)
+
+
+def test_a_cause_that_explains_part_of_its_phase_is_said_with_the_phase() -> None:
+    profiles, events = job(data=[1, 1], compute=[4, 40], ops=["aten::addmm", "AddmmBackward0"])
+    s = breakdown(profiles, events).straggler
+    assert s is not None and s.what in ("op: aten::addmm", "op: AddmmBackward0")
+    assert str(s).startswith(
+        "rank 1 is 36.0 ms late per step: its compute takes 40.0 ms against 4.0 ms on the "
+        "others, the most of it in "
+    )
+    assert str(s).endswith(": 20.0 ms against 2.0 ms")
+
+
+def test_three_ranks_compare_the_slow_one_with_the_median_of_the_others() -> None:
+    profiles, events = job(data=[5, 5, 25], compute=[3, 4, 3])
+    s = breakdown(profiles, events).straggler
+    assert s is not None and s.rank == 2 and s.peers_ns == pytest.approx(5 * MS, rel=0.01)
+
+
+def test_even_ranks_have_no_straggler() -> None:
+    profiles, events = job(data=[5, 5], compute=[10, 10])
+    result = breakdown(profiles, events)
+    assert result.straggler is None
+    assert result.verdict.startswith("no rank stands out")
+
+
+def test_each_instant_of_a_step_counts_in_one_phase_only() -> None:
+    profiles, events = job(data=[9, 52], compute=[5, 5])
+    for r in breakdown(profiles, events).ranks:
+        for st in r.steps:
+            assert sum(st.phases.values()) == st.end_ns - st.start_ns
+            assert st.phases[Phase.COLLECTIVE] == MS and st.phases[Phase.OPTIMIZER] == MS
+
+
+def test_steps_come_from_data_loader_iterations_without_an_optimizer_then_from_cells() -> None:
+    profiles, events = job(data=[9, 30], compute=[5, 5], steps=4, optimizer=False)
+    result = breakdown(profiles, events)
+    assert result.steps_by == "DataLoader iterations"
+    assert [len(r.steps) for r in result.ranks] == [3, 3]  # the last next() starts the tail
+    assert result.straggler is not None and result.straggler.phase is Phase.DATA
+    profiles, events = job(data=[9, 9], compute=[5, 30], optimizer=False, loader=False)
+    result = breakdown(profiles, events)
+    assert result.steps_by == "cells" and result.unit == "cell"
+    assert result.straggler is not None and "late per cell" in str(result.straggler)
+
+
+def test_a_window_cut_by_a_step_limit_keeps_the_steps_inside_it() -> None:
+    profiles, _ = job(data=[1], compute=[1], steps=3)
+    p = profiles[0]
+    second_end = sorted(s.end_ns for s in p.spans if s.kind is SpanKind.OPTIMIZER)[1]
+    cut = RankProfile(0, p.spans, ((p.windows[0][0], second_end),))
+    assert len(step_bounds(cut, "optimizer steps")) == 2
+
+
+def test_clock_offsets_move_steps_but_not_phases() -> None:
+    profiles, events = job(data=[9, 52], compute=[5, 5])
+    moved = breakdown(profiles, events, {1: 7 * MS})
+    plain = breakdown(profiles, events)
+    assert moved.ranks[1].steps[0].start_ns == plain.ranks[1].steps[0].start_ns + 7 * MS
+    assert moved.ranks[1].steps[0].phases == plain.ranks[1].steps[0].phases
+
+
+def test_a_late_rank_within_the_clocks_precision_is_not_named() -> None:
+    profiles, events = job(data=[9, 12], compute=[5, 5])
+    assert breakdown(profiles, events).straggler is not None
+    assert breakdown(profiles, events, precision_ns=5 * MS).straggler is None
+
+
+def test_intervals_are_merged_and_subtracted() -> None:
+    assert union([(5, 8), (1, 3), (2, 4), (8, 9)]) == [(1, 4), (5, 9)]
+    assert subtract([(0, 10), (20, 30)], [(2, 3), (5, 22), (29, 40)]) == [
+        (0, 2),
+        (3, 5),
+        (22, 29),
+    ]
+
+
+def test_a_profile_crosses_processes_as_json() -> None:
+    profiles, _ = job(data=[1], compute=[1], steps=1)
+    p = profiles[0]
+    assert decode(RankProfile, json.loads(json.dumps(encode(p)))) == p
+
+
+def test_the_view_says_it_in_text_html_and_one_trace_of_all_ranks(tmp_path: Path) -> None:
+    profiles, events = job(data=[9, 52], compute=[5, 5])
+    view = ProfileView(profiles, events, {1: 3 * MS})
+    text = repr(view)
+    assert "profile of 2 ranks, 3 optimizer steps each" in text
+    assert "rank 1 is 43.0 ms late per step" in text
+    assert 'class="distnb-straggler"' in view._repr_html_()
+    view.export_chrome_trace(tmp_path / "p.json")
+    trace = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in trace if e["name"] == "process_name"}
+    assert names == {(0, "rank 0"), (1, "rank 1")}
+    lanes = {e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    assert {"steps", "collectives (distnb)", "thread 0"} <= lanes
+    # the all_reduce starts at one instant on every rank: the offset moves rank 1's lanes
+    starts = {e["pid"]: e["ts"] for e in trace if e["name"] == "all_reduce"}
+    assert starts[1] - starts[0] == pytest.approx(3000)
