@@ -153,6 +153,7 @@ class DistMagics(Magics):
     @argument("--unchecked", action="store_true", help="run without collective checks")
     @argument("--shapes", action="store_true", help="then show the shapes of what it assigned")
     @argument("--timeline", action="store_true", help="then show the cell's collective timeline")
+    @argument("--profile", action="store_true", help="profile it on every rank: who is slow, why")
     @cell_magic
     def allranks(self, line: str, cell: str) -> None:
         """Run the cell on every rank: `%%allranks [--ranks 0-1] [--timeout 30]`."""
@@ -168,6 +169,7 @@ class DistMagics(Magics):
                 check=not args.unchecked,
                 shapes=args.shapes,
                 timeline=args.timeline,
+                profile=args.profile,
             )
         )
 
@@ -239,6 +241,36 @@ class DistMagics(Magics):
             view.export_chrome_trace(args.export)
             print(f"distnb: wrote {args.export} (open it in https://ui.perfetto.dev)")
         show(view)
+
+    @magic_arguments()
+    @argument("--steps", type=str, default=None, help="until N optimizer steps (default: --report)")
+    @argument("--report", action="store_true", help="stop; show the steps by phase, the straggler")
+    @argument("--export", default=None, help="--report: also write a Perfetto trace to PATH.json")
+    @argument("--ranks", type=str, default=None, help="these ranks only, e.g. 0-3,6")
+    @line_magic
+    def dist_profile(self, line: str) -> None:
+        """Profile the next cells on every rank: `%dist_profile [--steps N] [--ranks 0-1]`, then
+        `%dist_profile --report [--export PATH.json]` shows each rank's steps by phase and who
+        is slow and why (`%%allranks --profile` does both for one cell)."""
+        args = parse(self.dist_profile, line)
+        session = self._running()
+        try:
+            if args.report:
+                view = session.profile_report()
+                if args.export:
+                    view.export_chrome_trace(args.export)
+                    print(f"distnb: wrote {args.export} (open it in https://ui.perfetto.dev)")
+                return show(view)
+            if args.export:
+                raise UsageError(
+                    "--export goes with --report: %dist_profile --report --export p.json"
+                )
+            steps = whole(args.steps, "--steps") if args.steps is not None else None
+            session.profile(steps, ranks=rank_list(args.ranks))
+        except (ConfigError, SessionError) as exc:
+            raise UsageError(str(exc)) from None
+        until = f" until {steps} optimizer steps" if steps else ""
+        print(f"distnb: profiling the next cells{until}; %dist_profile --report shows them")
 
     @magic_arguments()
     @argument("name", nargs="?", default=None, help="the module in each rank's namespace")

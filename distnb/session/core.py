@@ -25,7 +25,7 @@ from distnb import interrupts
 from distnb.errors import CallInterrupted, ConfigError, RankError, SessionError
 from distnb.ranklist import RankArg, format_ranks, rank_arg
 from distnb.records.cell import RankFailure, RankInfo
-from distnb.session import automode, data, inspection, replicas, status
+from distnb.session import automode, data, inspection, profiling, replicas, status
 from distnb.session.cluster import Cluster
 from distnb.session.cluster.deaths import death_reason
 from distnb.session.cluster.launch import Ended, port_taken
@@ -197,6 +197,8 @@ class Session:
     overflow_detach = inspection.overflow_detach
     overflow_report = inspection.overflow_report
     timeline = inspection.timeline
+    profile = profiling.profile
+    profile_report = profiling.profile_report
     diff = replicas.diff
     diff_watch = replicas.diff_watch
     diff_report = replicas.diff_report
@@ -210,6 +212,7 @@ class Session:
         check: bool = True,
         shapes: bool = False,
         timeline: bool = False,
+        profile: bool = False,
     ) -> CellResult:
         """Run `code` on every rank (or the listed ones: `[0, 2]`, or `"0-3,6"` as `--ranks`
         reads it); return each rank's output.
@@ -225,7 +228,8 @@ class Session:
         `RankTimeoutError` with a hang report past `timeout` seconds; `RankDiedError` if a rank's
         process exits. `check=False` runs the cell without the checked-collective runtime;
         `shapes=True` puts the shape table of the names the cell assigned on `result.views`,
-        `timeline=True` the cell's collective timeline.
+        `timeline=True` the cell's collective timeline, `profile=True` its profile on every rank
+        (`distnb.session.profiling`: steps by phase, the straggler and its cause).
         """
         self.require_running()
         check_timeout(timeout)
@@ -240,12 +244,21 @@ class Session:
             timeout=timeout if timeout is not None else self.options.timeout,
             everyone=len(targets) == len(self.ranks),
         )
-        result = self._execute(request)
+        if profile:
+            self.profile(ranks=ranks)
+        try:
+            result = self._execute(request)
+        except BaseException:
+            if profile:
+                profiling.profile_discard(self)
+            raise
         views: list[Any] = []
         if shapes:
             views.append(self.shapes(assigned_names(code)))
         if timeline:
             views.append(self.timeline(cells=1))
+        if profile:
+            views.append(self.profile_report())
         return replace(result, views=tuple(views))
 
     def run_script(

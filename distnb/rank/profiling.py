@@ -1,0 +1,262 @@
+"""`torch.profiler` on a rank, for the cells the kernel asks it to profile.
+
+`arm(steps)` (the kernel's call, between cells) hooks the engine's cells: the profiler starts
+before the next cell runs and records every cell after it, each cell a **window**, until `steps`
+optimizer steps have ended (the window is cut there, the profiler stops after that cell) or the
+kernel calls `collect()`, which stops it and returns a `RankProfile`: the profiler's events as
+plain spans on this rank's monotonic clock (the clock of its `CollectiveEvent`s).
+
+While armed, modules' forwards are named in the profile (global forward hooks open a
+`record_function("nn.Module: <class>")`), which torch's profiler does not do by itself. Nothing
+of this runs while nothing is armed. The profiler's clock is mapped onto the monotonic clock by a
+marker whose start and end hold a `time.monotonic_ns()` read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.autograd.profiler import record_function
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from distnb.errors import SessionError
+from distnb.records.profiling import RankProfile, Span, SpanKind
+
+__all__ = ["MAX_SPANS", "arm", "armed", "collect"]
+
+MAX_SPANS = 100_000  # per rank and profile; the newest are kept
+_MARK = "distnb: clock"
+
+
+class _Armed:
+    """One rank's profile in the making: its hooks, its profiler, its windows."""
+
+    def __init__(self, rank: int, steps: int | None) -> None:
+        from IPython import get_ipython
+
+        self.rank, self.limit, self.steps = rank, steps, 0
+        self.profiler: Any = None
+        self.windows: list[list[int]] = []
+        self.marks: list[int] = []  # monotonic reads inside markers (`_anchor`)
+        self.runs: list[int] = []
+        self.offset_ns, self.precision_ns, self.cost_ns = 0, 0, 0
+        self.done = False  # the step limit was reached: no more windows
+        self.stopped = False
+        self.modules: list[Any] = []  # open record_functions of modules' forwards
+        self.shell = get_ipython()
+        self.handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+            torch.nn.modules.module.register_module_forward_hook(self._exit),
+            register_optimizer_step_post_hook(self._stepped),
+        ]
+        if self.shell is not None:
+            self.shell.events.register("pre_run_cell", self._pre)
+            self.shell.events.register("post_run_cell", self._post)
+
+    # --- cells -----------------------------------------------------------------------------
+
+    def _pre(self, info: Any = None) -> None:
+        if self.done:
+            return
+        if self.profiler is None:
+            self._start()
+        self.runs.append(_run_id())
+        self.windows.append([time.monotonic_ns(), 0])
+
+    def _post(self, result: Any = None) -> None:
+        if self.windows and not self.windows[-1][1]:
+            self.windows[-1][1] = time.monotonic_ns()
+        self.modules.clear()  # a forward that raised left its record_function open
+        if self.done:
+            self._stop()
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        if self.limit is not None and self.steps >= self.limit and not self.done:
+            self.done = True  # the profiler stops after this cell: not inside a step's record
+            if self.windows and not self.windows[-1][1]:
+                self.windows[-1][1] = time.monotonic_ns()
+
+    # --- modules ---------------------------------------------------------------------------
+
+    def _enter(self, module: Any, args: Any) -> None:
+        if self.profiler is not None and not self.done:
+            rf = record_function(f"nn.Module: {type(module).__name__}")
+            rf.__enter__()  # type: ignore[no-untyped-call]
+            self.modules.append(rf)
+
+    def _exit(self, module: Any, args: Any, output: Any) -> None:
+        if self.modules:
+            self.modules.pop().__exit__(None, None, None)
+
+    # --- the profiler ----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        began = time.monotonic_ns()
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.profiler = profile(activities=activities)
+        with _quiet():
+            self.profiler.start()
+        self.marks = [_mark() for _ in range(3)]  # the first is slow (the profiler warms up)
+        self.cost_ns += time.monotonic_ns() - began
+
+    def _stop(self) -> None:
+        if self.profiler is not None and not self.stopped:
+            self.stopped = True  # a second stop() would start a profile of nothing over it
+            began = time.monotonic_ns()
+            with _quiet():
+                self.profiler.stop()
+            self.cost_ns += time.monotonic_ns() - began
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        if self.shell is not None:
+            for event, hook in (("pre_run_cell", self._pre), ("post_run_cell", self._post)):
+                with contextlib.suppress(ValueError):
+                    self.shell.events.unregister(event, hook)
+
+    def profile(self) -> RankProfile:
+        self._stop()
+        began = time.monotonic_ns()
+        windows = tuple((a, b or a) for a, b in self.windows)
+        spans: list[Span] = []
+        dropped = precision = 0
+        if self.profiler is not None:
+            spans, dropped, precision = _spans(self.profiler.events(), self.marks, windows)
+        return RankProfile(
+            rank=self.rank,
+            spans=tuple(spans),
+            windows=windows,
+            runs=tuple(self.runs),
+            steps_limit=self.limit,
+            clock_precision_ns=precision,
+            dropped=dropped,
+            cost_ns=self.cost_ns + time.monotonic_ns() - began,
+        )
+
+
+_armed: _Armed | None = None
+
+
+def arm(steps: int | None = None) -> None:
+    """Profile this rank's next cells, until `steps` optimizer steps (or `collect`)."""
+    global _armed
+    import torch.distributed as dist
+
+    if _armed is not None:
+        _armed.remove()
+        _armed._stop()
+    _armed = _Armed(dist.get_rank() if dist.is_initialized() else 0, steps)
+
+
+def armed() -> bool:
+    return _armed is not None
+
+
+def collect() -> RankProfile | None:
+    """Stop profiling; what was recorded since `arm` (None if nothing was armed)."""
+    global _armed
+    state, _armed = _armed, None
+    if state is None:
+        return None
+    state.remove()
+    return state.profile()
+
+
+# --- events to spans -----------------------------------------------------------------------
+
+
+def _mark() -> int:
+    """A monotonic read inside a marker of the profile."""
+    with record_function(_MARK):
+        return time.monotonic_ns()
+
+
+def _run_id() -> int:
+    """The run the kernel posted for this cell (`0` outside a session)."""
+    from distnb.contract import keys
+    from distnb.rank import runtime
+
+    try:
+        return keys.decode_run(runtime.control_store().get(keys.RUN))[1]
+    except (SessionError, RuntimeError):  # not a session's rank (a test, a script)
+        return 0
+
+
+def _anchor(events: list[Any], marks: list[int]) -> tuple[int, int]:
+    """(offset from the profiler's µs to monotonic ns, precision ns): the tightest marker."""
+    found = [e for e in events if e.name == _MARK]
+    best = (0, 0)
+    for e, read in zip(found, marks, strict=False):
+        start, end = e.time_range.start * 1000, e.time_range.end * 1000
+        half = int((end - start) / 2)
+        if best == (0, 0) or half < best[1]:
+            best = (int(read - (start + end) / 2), half)
+    return best
+
+
+def _kind(name: str, device: bool) -> SpanKind:
+    if device:
+        return SpanKind.DEVICE
+    if name.startswith("nn.Module: "):
+        return SpanKind.MODULE
+    if name.startswith("enumerate(DataLoader)"):
+        return SpanKind.DATA
+    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+        return SpanKind.OPTIMIZER
+    if name.startswith(("c10d::", "gloo:", "nccl:", "record_param_comms")):
+        return SpanKind.COMM
+    return SpanKind.OP
+
+
+def _named(name: str) -> bool:
+    """An op inside a module's forward is kept (it says what the module spent its time on);
+    one inside any other op is its detail."""
+    return name.startswith("nn.Module: ")
+
+
+def _spans(
+    events: list[Any], marks: list[int], windows: tuple[tuple[int, int], ...]
+) -> tuple[list[Span], int, int]:
+    """Outermost ops (and ops right inside a module's forward), every
+    labelled span and every backend op, inside the windows, on the monotonic clock."""
+    offset, precision = _anchor(events, marks)
+    out: list[Span] = []
+    for e in events:
+        if e.name == _MARK:
+            continue
+        device = str(getattr(e, "device_type", "")).endswith("CUDA")
+        kind = _kind(e.name, device)
+        parent = e.cpu_parent
+        if kind is SpanKind.OP and parent is not None and not _named(parent.name):
+            continue
+        start = int(e.time_range.start * 1000) + offset
+        end = int(e.time_range.end * 1000) + offset
+        if any(a <= start <= b for a, b in windows):  # a step limit cuts inside a step
+            out.append(Span(e.name, kind, start, end, int(getattr(e, "thread", 0) or 0)))
+    dropped = max(0, len(out) - MAX_SPANS)
+    return out[dropped:], dropped, precision
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Kineto writes a line to fd 2 as it starts and stops ("USDT: ... profiler_start"), which a
+    rank would show as the cell's stderr: point fd 2 elsewhere meanwhile."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
