@@ -18,10 +18,10 @@ rank's time):
              exactly the path taken across machines; here the machines are host names on one
              machine, so the store's round trips are loopback's, not a network's);
 - per rank:  checked, every rank a host of its own (what `DISTNB_SHM=0` does: the store path
-             for every pair of ranks, the worst case of a cross-host job); from `SPREAD_HOSTS`
-             hosts on, the leaders agree by dissemination, in log2 H rounds;
-- per rank, all read: the same, every leader reading every other's summary (the path below
-             `SPREAD_HOSTS`), for the comparison.
+             for every pair of ranks, the worst case of a cross-host job): below
+             `SPREAD_HOSTS` hosts every leader reads every other's summary;
+- per rank, spread: the same, the leaders agreeing by dissemination in log2 H rounds (the
+             path from `SPREAD_HOSTS` hosts on), for the comparison.
 
 Each mode reinstalls the checked runtime with its hosts before its turn (and makes the group's
 board with one call outside the timing). Then a model (`--model`): fitted to the measured
@@ -87,7 +87,7 @@ def _worker(rank: int, world: int, port: int, conn: Connection) -> None:
         hosts, iters = request
         if hosts:
             groups.FLAT_MAX = 10**6 if hosts[0] == "flat" else FLAT_MAX
-            tiered.SPREAD_HOSTS = 10**6 if hosts[0].startswith("all:") else SPREAD
+            tiered.SPREAD_HOSTS = 2 if hosts[0].startswith("spread:") else SPREAD
             checked.install(store, rank=rank, world_size=world, session_id=session, hosts=hosts)
         dist.all_reduce(x)  # the group's board made outside the timing
         dist.barrier()
@@ -118,8 +118,8 @@ def modes_for(world: int) -> dict[str, list[str] | None]:
         if world > h:
             modes[f"{h} hosts"] = layout(world, h)
     modes["per rank"] = layout(world, world)
-    if world >= SPREAD_HOSTS:  # the leaders' agreement as below SPREAD_HOSTS: each reads all
-        modes["per rank, all read"] = [f"all:{h}" for h in layout(world, world)]
+    if world < SPREAD_HOSTS:  # the leaders' agreement by dissemination, as from SPREAD_HOSTS
+        modes["per rank, spread"] = [f"spread:{h}" for h in layout(world, world)]
     return modes
 
 
@@ -272,6 +272,33 @@ def store_costs(repeats: int = 300) -> tuple[float, float]:
     return times[1], max(b, 0.0)
 
 
+def server_cost(clients: int = 8, repeats: int = 400) -> float:
+    """c in seconds: the store server's own time per one-key request, from its throughput when
+    `clients` connections (threads here; the GIL is released while each waits) ask at once."""
+    import threading
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    conns = [dist.TCPStore("127.0.0.1", server.port, None, False) for _ in range(clients)]
+    conns[0].set("k", b"x" * 120)
+    start = threading.Barrier(clients + 1)
+
+    def ask(client: dist.TCPStore) -> None:
+        start.wait()
+        for _ in range(repeats):
+            client.multi_get(["k"])
+
+    threads = [threading.Thread(target=ask, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return (time.perf_counter() - t0) / (clients * repeats)
+
+
 def _echo(rank: int, world: int, port: int, path: str, conn: Connection) -> None:
     from distnb.rank.checked import exchange
 
@@ -308,45 +335,51 @@ def shm_hop(n: int = 2000) -> float:
     return statistics.median(samples) / 2
 
 
-def tree(hosts: int, a: float, b: float, fan: int = 8) -> float:
-    """Leaders in a tree over the store (not built: the model's answer to when it would pay):
-    each inner leader polls its `fan` children's keys, level by level up, and every leader
-    polls its parent's verdict on the way down; every request queues at the one server."""
-    levels, width, up = 0, hosts, 0.0
-    while width > 1:
-        width = -(-width // fan)
-        up += width * (a + b * fan)
-        levels += 1
-    return up + hosts * a + levels * a
+def leaders(hosts: int, a: float, b: float, c: float, spread: bool) -> float:
+    """Seconds the leaders of `hosts` hosts take to agree, on the critical path, when the one
+    store server answers requests in turn (c each, b per key more) and a request's round trip
+    is a: each of the H leaders reads the H-1 other summaries in one request (their H requests
+    queue at the server), or, by dissemination, log2 H rounds of one one-key read per leader
+    (each round's H requests queue)."""
+    if hosts <= 1:
+        return 0.0
+    if not spread:
+        return a + hosts * (c + b * (hosts - 1))
+    return (hosts - 1).bit_length() * (a + hosts * c)
 
 
-def predict(n: int, per_host: int, a: float, b: float, h: float) -> tuple[float, float]:
-    """(flat, two-level) seconds a check adds to one collective, on the critical path, when
-    the store server answers requests one at a time: flat, each of n ranks posts and polls n-1
-    keys (n requests of a + b(n-1) queue at the server); in two levels, a post and a result
-    on each host (2 hops), and H = n/per_host leaders, each posting and polling H-1 keys."""
-    flat = a + n * (a + b * (n - 1))
-    hosts = max(1, n // per_host)
-    tiers = 2 * h + (a + hosts * (a + b * (hosts - 1)) if hosts > 1 else 0.0)
-    return flat, tiers
+def crossover(a: float, b: float, c: float) -> int:
+    """The fewest hosts from which dissemination is the faster for every larger count too (up
+    to 16,384: the model's `SPREAD_HOSTS`)."""
+    slower = [
+        h for h in range(2, 1 << 14) if leaders(h, a, b, c, True) >= leaders(h, a, b, c, False)
+    ]
+    return max(slower, default=1) + 1
 
 
 def model() -> None:
     a, b = store_costs()
+    c = server_cost()
     h = shm_hop()
     print(
         f"# measured here: store round trip a = {a * 1e6:.0f} us, each key more in a multi_get "
-        f"b = {b * 1e6:.2f} us, shared-memory hop h = {h * 1e6:.0f} us\n"
-        "# assumed: one store server answering one request at a time; each rank polls once "
-        "after the last post (no repeated polls); 8 ranks per host; a network's round trip "
-        "adds to a alone\n"
-        "# ranks  hosts  flat (every rank a host) ms  two levels ms  leaders in a tree (8) ms"
+        f"b = {b * 1e6:.2f} us, the server's time per request c = {c * 1e6:.1f} us (8 clients "
+        f"at once), shared-memory hop h = {h * 1e6:.0f} us\n"
+        "# assumed: one store server answering one request at a time; each leader polls once "
+        "after the last post (no repeated polls); a network's round trip adds to a alone; two "
+        "shared-memory hops per collective on a host of 8 (a post, the leader's result)\n"
+        f"# dissemination is the faster from {crossover(a, b, c)} hosts on "
+        f"({crossover(a + 100e-6, b, c)} with 100 us of network more per round trip); distnb "
+        f"uses it from {SPREAD_HOSTS}\n"
+        "# ranks  per host  hosts  leaders read all ms  dissemination ms"
     )
-    for n in (4, 8, 16, 32, 64, 256, 1024):
-        flat, tiers = predict(n, 8, a, b, h)
-        hosts = max(1, n // 8)
-        treed = 2 * h + tree(hosts, a, b) if hosts > 1 else tiers
-        print(f"{n:7d}  {hosts:5d}  {flat * 1e3:27.2f}  {tiers * 1e3:12.2f}  {treed * 1e3:23.2f}")
+    for per_host in (1, 8):
+        for n in (64, 256, 1024, 4096):
+            hosts = n // per_host
+            local = 2 * h if per_host > 1 else 0.0
+            flat = local + leaders(hosts, a, b, c, False)
+            spread = local + leaders(hosts, a, b, c, True)
+            print(f"{n:7d}  {per_host:8d}  {hosts:5d}  {flat * 1e3:19.2f}  {spread * 1e3:16.2f}")
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The two-level exchange on real ranks: 8 ranks as 2 hosts of 4, as 4 hosts of 2, as one host
 of 8 (where, from `groups.FLAT_MAX` ranks on, members wait for their leader too), and as 8
-hosts of 1, where the leaders agree by dissemination (`tiered.SPREAD_HOSTS`).
+hosts of 1, where the leaders agree by dissemination (as from `tiered.SPREAD_HOSTS` hosts on;
+`DISTNB_SPREAD_HOSTS=8` here).
 
 `DISTNB_SHM=k` makes each k ranks a rehearsal host: shared memory within, the store between,
 one leader per host (`distnb.rank.checked.exchange.tiered`). A mismatch, a rank that finishes
@@ -18,6 +19,7 @@ import pytest
 import distnb
 from distnb.errors import CollectiveDesyncError, CollectiveMismatchError, RankDiedError
 from distnb.rank.checked.checker import SHM_VAR
+from distnb.rank.checked.exchange.tiered import SPREAD_VAR
 from distnb.session import Session
 from harness.processes import NAMED_S
 
@@ -35,6 +37,8 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[tuple[Session, int]]:
     per_host: int = request.param
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SHM_VAR, str(per_host))  # the engines inherit it at start
+        if per_host == 1:  # 8 hosts: the leaders agree by dissemination, as from SPREAD_HOSTS
+            mp.setenv(SPREAD_VAR, "8")
         with distnb.start(WORLD, progress=False) as s:
             yield s, per_host
 

@@ -21,8 +21,8 @@ Two kinds of board, chosen per group:
   hosts, one store round trip per post and per poll.
 
 A group whose ranks span hosts, several on some, exchanges in two levels (`tiered.Tiers`):
-shared memory on each host, one leader per host through the store (from `SPREAD_HOSTS` hosts on,
-the leaders agree by dissemination, in log2 H rounds).
+shared memory on each host, one leader per host through the store (from `tiered.SPREAD_HOSTS`
+hosts on, the leaders agree by dissemination, in log2 H rounds).
 
 `collect()` (`wait`) waits for a set of rings: on a `ShmBoard` it sleeps on the ring's doorbell
 and polls only in a window around the time it expects the post; on a `StoreBoard` it polls with

@@ -21,7 +21,8 @@ Per collective the store sees H posts and H polls of H-1 keys (H hosts), instead
 N-1. Depth 2 holds on every board for the reason the package's docstring gives: a member posts
 s after reading result s-1, which its leader posts after reading every summary s-1.
 
-From `SPREAD_HOSTS` hosts on, step 3 is a **dissemination** among the leaders (as in the
+From `SPREAD_HOSTS` hosts on (the model's crossover: below it, its rounds cost more than one
+read of every summary), step 3 is a **dissemination** among the leaders (as in the
 dissemination barrier of Hensgen, Finkel and Manber): in round r = 0, 1, ... ceil(log2 H) - 1,
 leader h posts what it knows (`AGREED` and the core, if every host it has heard of, itself
 included, said so; else `!`) on its ring r and reads the ring r of leader h - 2^r (mod H),
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import marshal
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -49,11 +51,26 @@ from distnb.rank.checked.exchange.shm import ShmBoard
 from distnb.rank.checked.exchange.store import StoreBoard
 from distnb.rank.checked.exchange.wait import poll_once
 
-__all__ = ["AGREED", "SETTLE_S", "SPREAD_HOSTS", "Gather", "Missing", "Tiers", "hosts_of", "rounds"]
+__all__ = [
+    "AGREED",
+    "SETTLE_S",
+    "SPREAD_HOSTS",
+    "SPREAD_VAR",
+    "Gather",
+    "Missing",
+    "Tiers",
+    "hosts_of",
+    "rounds",
+]
 
 AGREED = b"="
 _DIFFER = b"!"
-SPREAD_HOSTS = 8  # from this many hosts on, the leaders agree by dissemination
+# From this many hosts on, the leaders agree by dissemination: near where the model puts the
+# crossover (`bench/bench_scale.py --part model`: 152 hosts here; it moves with the store's
+# costs). Measured at 8 and 16 single-rank hosts on 2 cores, the rounds cost more than every
+# leader reading every summary. `DISTNB_SPREAD_HOSTS` sets it (rehearsals, tests).
+SPREAD_HOSTS = 128
+SPREAD_VAR = "DISTNB_SPREAD_HOSTS"
 _ABORTED = b"x"
 SETTLE_S = 5.0  # how long a member waits for its leader's word after its wait was ended
 
@@ -67,7 +84,8 @@ Legal = Callable[[bytes], bool]  # legal(core): may every member post this same 
 def rounds(hosts: int) -> int:
     """The leaders' rounds of agreement among `hosts` hosts (1: every leader reads every
     other's summary at once; see the module)."""
-    return 1 if hosts < SPREAD_HOSTS else (hosts - 1).bit_length()
+    spread = int(os.environ.get(SPREAD_VAR) or SPREAD_HOSTS)
+    return 1 if hosts < spread else (hosts - 1).bit_length()
 
 
 def hosts_of(identities: Sequence[str]) -> list[list[int]]:
