@@ -17,6 +17,11 @@ Variants, each K steps a round:
 - `profiled`: armed before the round, the steps inside one window (a cell), collected after;
 - `after`: plain steps after a profile was collected: what remains once profiling is off.
 
+And on a 2-rank session (gloo), what `%%allranks --profile` adds to a cell as the kernel sees
+it: a cell of one all_reduce run plain and with `profile=True` (arm, the cell, collect, the
+collective records, the view), rounds interleaved as above; and the first profile of the
+session's ranks, which starts kineto in each rank's process (once per process).
+
 Timing: a round runs every variant once, the order rotated by one place each round, so that a
 busy neighbour slows them all alike. Each variant first runs its K steps once untimed: the first
 loop after other work (another variant, a profile's collect) runs on cold caches, some 25%
@@ -148,16 +153,48 @@ def bench(w: Workload, rounds: int, k: int) -> None:
     print(f"  spans kept per step: {statistics.median(t.spans):.1f}")
 
 
+CELL = "x = torch.ones(4)\ndist.all_reduce(x)"
+
+
+def session_cells(rounds: int) -> None:
+    import distnb
+
+    with distnb.start(2, progress=False) as s:
+        s.run(CELL)
+        began = time.perf_counter()
+        s.run(CELL, profile=True)
+        first = time.perf_counter() - began
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(rounds):
+            for flag in (False, True) if r % 2 == 0 else (True, False):
+                began = time.perf_counter()
+                s.run(CELL, profile=flag)
+                times[flag].append(time.perf_counter() - began)
+    plain, profiled = (sorted(x * 1e3 for x in times[f]) for f in (False, True))
+    extra = statistics.median(a - b for a, b in zip(times[True], times[False], strict=True))
+    ratio, lo, hi = ratio_of_medians(times[True], times[False])
+    print(f"\n2-rank session, a cell of one all_reduce: {rounds} rounds")
+    for name, ms in (("plain", plain), ("--profile", profiled)):
+        spread = f"spread {ms[0]:.1f}-{ms[-1]:.1f} ms"
+        print(f"  {name:<10} {statistics.median(ms):.1f} ms per cell ({spread})")
+    print(f"  --profile adds {extra * 1e3:.1f} ms a cell: {ratio:.2f}x [{lo:.2f}-{hi:.2f}]")
+    print(
+        f"  the session's first --profile cell: {first * 1e3:.0f} ms (kineto starts on each rank)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--cells", type=int, default=20, help="rounds of the session's cells")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with saved("profile"):
         print(f"torch {torch.__version__}, 1 thread, CPU; wall time per training step")
         for w in WORKLOADS:
             bench(w, args.rounds, args.steps)
+        session_cells(args.cells)
 
 
 if __name__ == "__main__":
