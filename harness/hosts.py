@@ -253,8 +253,8 @@ class Host:
         return [line for line in lines if "sshd" not in line and "ps -eo" not in line]
 
     def distnb_processes(self) -> list[psutil.Process]:
-        """The engines and nannies running on the host, seen from this machine (its network
-        namespace's processes), so that they can be watched while its link is down."""
+        """The engines (and their forker) and nannies running on the host, seen from this machine
+        (its network namespace's processes), so that they can be watched while its link is down."""
         listed = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
         found = []
         for pid in map(int, listed.stdout.split()):
@@ -263,7 +263,7 @@ class Host:
                 line = " ".join(proc.cmdline())
             except psutil.Error:
                 continue
-            if "distnb.rank.engine" in line or "ipyparallel.engine.nanny" in line:
+            if any(w in line for w in ("distnb.rank.engine", "distnb.rank.forks", "engine.nanny")):
                 found.append(proc)
         return found
 

@@ -53,7 +53,10 @@ def main(argv: list[str]) -> int:
         pid, status = os.wait()
         children.discard(pid)
         code = os.waitstatus_to_exitcode(status)
-        _write(os.path.join(folder, f"{pid}.exit"), str(code))
+        # On another host, a rank whose kernel is gone removes the folder (`lifeline`): the
+        # other engines are still this process's to wait for.
+        with contextlib.suppress(OSError):
+            _write(os.path.join(folder, f"{pid}.exit"), str(code))
         failed = failed or code
     return 1 if failed else 0
 

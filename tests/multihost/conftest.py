@@ -27,4 +27,21 @@ def start_on(lan: Lan, hosts: dict[str, int]) -> Session:
 
 
 def engines_on(host: Host) -> int:
-    return len([p for p in host.processes() if "distnb.rank.engine" in p])
+    """The engines running on `host`: forked by its forker (`distnb.rank.forks`, whose engines
+    keep its command line), or started alone."""
+    forked = forked_on(host)
+    alone = [p for p in host.processes() if "distnb.rank.engine" in p]
+    return sum(len(engines) for engines in forked.values()) + len(alone)
+
+
+def forked_on(host: Host) -> dict[int, list[int]]:
+    """Each forker running on `host` (a `distnb.rank.forks` process whose parent is not one) and
+    the pids of the engines it forked."""
+    rows = host.ssh("ps -eo pid=,ppid=,args=").stdout.splitlines()
+    forks = {
+        int(pid): int(ppid)
+        for pid, ppid, args in (row.split(None, 2) for row in rows if row.count(" ") >= 2)
+        if "distnb.rank.forks" in args
+    }
+    forkers = {pid for pid, ppid in forks.items() if ppid not in forks}
+    return {f: [pid for pid, ppid in forks.items() if ppid == f] for f in forkers}

@@ -43,7 +43,7 @@ else:  # rank 3 waits in a collective (across the hosts, through the store) for 
 
 
 def gone_after(host: Host, since: float, limit: float) -> float:
-    """Seconds from `since` until `host` runs no engine or nanny (raises past `limit`)."""
+    """Seconds from `since` until `host` runs no engine, forker or nanny (raises past `limit`)."""
     while running := host.distnb_processes():
         assert time.monotonic() - since < limit, [p.cmdline() for p in running]
         time.sleep(0.2)
@@ -56,7 +56,7 @@ def test_ranks_on_a_host_cut_off_end_whatever_their_cell_does(lan: Lan) -> None:
     h2, h3 = lan.hosts
     s = start_on(lan, {h2.addr: 1, h3.addr: 3})
     try:
-        assert len(h3.distnb_processes()) == 6  # 3 engines, 3 nannies
+        assert len(h3.distnb_processes()) == 7  # 3 engines, their forker, 3 nannies
         cut: list[float] = []
         thread = fault_in(2.0, lambda: (h3.link(up=False), cut.append(time.monotonic())))
         with pytest.raises(RankDiedError, match="left the cluster"):
@@ -97,7 +97,7 @@ def test_a_killed_kernel_on_another_machine_leaves_nothing_there_or_here(lan: La
     try:
         assert unshared.stdout is not None
         json.loads(unshared.stdout.readline())
-        assert len(h2.distnb_processes()) == 4
+        assert len(h2.distnb_processes()) == 5  # 2 engines, their forker, 2 nannies
         (sh,) = psutil.Process(unshared.pid).children()
         (kernel,) = [p for p in sh.children() if p.name() != "sleep"]
         waiters = ssh_waiters(lan)

@@ -7,6 +7,7 @@ the machine cannot make them.
 
 from __future__ import annotations
 
+import ast
 import time
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ from distnb.errors import (
 from distnb.session import Session
 from harness.hosts import Lan, missing
 from harness.processes import NAMED_S
-from tests.multihost.conftest import engines_on, start_on
+from tests.multihost.conftest import engines_on, forked_on, start_on
 
 pytestmark = [
     pytest.mark.multihost,
@@ -46,6 +47,30 @@ def test_ranks_start_on_another_host_and_leave_nothing_there(lan: Lan) -> None:
     assert time.monotonic() - started < STOP_BOUND_S
     assert h2.processes() == []
     assert not list(h2.tmp.glob("distnb-profile-*"))  # the profile copy removed too
+
+
+def test_the_engines_of_a_host_are_forked_by_one_process_that_imported_torch(lan: Lan) -> None:
+    """A start at 2 hosts of 2: one forker per host (`distnb.rank.forks`), the parent of the
+    host's engines, which inherit its torch (one import per host, not per rank); the stop ends
+    the forkers too."""
+    s = start_on(lan, {h.addr: 2 for h in lan.hosts})
+    try:
+        result = s.run(
+            "import os, socket, sys\n"
+            "maps = open(f'/proc/{os.getppid()}/maps').read()\n"
+            "(socket.gethostname(), os.getppid(), id(sys.modules['torch']), 'libtorch' in maps)"
+        )
+        seen = [ast.literal_eval(result.result(r)) for r in range(4)]
+        for host, ranks in zip(lan.hosts, ((0, 1), (2, 3)), strict=True):
+            (forker, engines), *others = forked_on(host).items()
+            assert not others and sorted(engines) == sorted(s.ranks[r].pid for r in ranks)
+            names, parents, modules, loaded = zip(*(seen[r] for r in ranks), strict=True)
+            assert set(names) == {host.name} and set(parents) == {forker}
+            assert len(set(modules)) == 1 and all(loaded)  # one torch, the forker's
+            assert not [p for p in host.processes() if "distnb.rank.engine" in p]
+    finally:
+        s.stop()
+    assert all(h.processes() == [] for h in lan.hosts)
 
 
 @pytest.fixture(scope="module")

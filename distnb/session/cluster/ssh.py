@@ -3,15 +3,23 @@
 `Ssh` takes the hosts and their ranks (`node1:4,node2:4`), the Python on the hosts and the user's
 ssh arguments, and hands them to ipyparallel's ssh launcher, with distnb's engine and keepalives.
 
-ipyparallel's ssh launcher starts each engine as the leader of a new session on its host and
+ipyparallel's ssh launcher starts one engine per ssh command, each importing torch itself. Here
+its engine set starts one launcher per host instead, which runs `distnb.rank.forks` with that
+host's count: the host's engines are forked from one process that imported torch once, as on
+this machine (`engines.forked_engines`); their logs and exit statuses stay in the host's profile
+copy (`forks/`), and the kernel learns a death there from the controller, as before.
+
+ipyparallel's ssh launcher starts each program as the leader of a new session on its host and
 remembers its pid; its own stop asks each host in turn over ssh, with no time limit, and waits
-on a thread per engine that asks again every minute. A host that no longer answers held a stop
-for minutes, deaf to Ctrl-C. Here one ssh per host ends every engine of this cluster there
-(SIGKILL to each engine's session: its nanny and children too) and removes the profile copy;
-the hosts are asked in parallel, each within `timeout` seconds, and a host that does not answer
-is named. ipyparallel's waits and its stop at exit are turned off for these engines: they are
-ended here. Each engine learns the host it was launched on as the user named it
-(`LAUNCHED_ON_VAR`), so that a stop can say which ranks a host that did not answer holds.
+on a thread per launcher that asks again every minute. A host that no longer answers held a stop
+for minutes, deaf to Ctrl-C. Here one ssh per host ends every process this cluster launched
+there (SIGKILL to the process group of each process that carries the cluster's mark and was
+launched over ssh: the forker and its engines, each nanny, a rank's own children) and removes
+the profile copy; the hosts are asked in parallel, each within `timeout` seconds, and a host
+that does not answer is named. ipyparallel's waits and its stop at exit are turned off for
+these engines: they are ended here. Each engine learns the host it was launched on as the user
+named it (`LAUNCHED_ON_VAR`), so that a stop can say which ranks a host that did not answer
+holds.
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from distnb.errors import ConfigError
+from distnb.reaper import MARK_VAR
 from distnb.records.cell import LAUNCHED_ON_VAR
-from distnb.session.cluster.engines import EngineKind, engine_command
+from distnb.session.cluster.engines import FORKS, EngineKind
 from distnb.session.control import is_loopback
 
 __all__ = ["SSH_OPTIONS", "RemoteEngine", "Ssh", "parse_hosts", "remote_engines", "stop"]
@@ -38,14 +47,33 @@ SSH_OPTIONS = ("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3")
 
 _ASK_AGAIN_S = 10.0  # between ipyparallel's waits for an engine on a host that did not answer
 
-# What runs on the host: SIGKILL to the session of each pid (an engine leads its own).
+# What runs on the host: SIGKILL to the process group of every process whose environment holds
+# both words (the cluster's mark, and the host name an ssh launcher gave: not the controller or
+# the ssh commands of a kernel on the same machine), looking again until none is left (a process
+# may fork while its group is killed). By the mark, not by pid: a forker that has ended leaves
+# its engines, and a pid may have been taken since.
 _KILL = (
-    "import os, signal, sys\n"
-    "for pid in map(int, sys.argv[1:]):\n"
-    "    try:\n"
-    "        os.killpg(os.getpgid(pid), signal.SIGKILL)\n"
-    "    except OSError:\n"
-    "        pass\n"
+    "import os, signal, sys, time\n"
+    "mark, launched = sys.argv[1].encode(), sys.argv[2].encode()\n"
+    "for _ in range(5):\n"
+    "    groups = set()\n"
+    "    for name in filter(str.isdigit, os.listdir('/proc')):\n"
+    "        try:\n"
+    "            with open(f'/proc/{name}/environ', 'rb') as f:\n"
+    "                env = f.read().split(b'\\0')\n"
+    "            if mark in env and any(w.startswith(launched) for w in env):\n"
+    "                groups.add(os.getpgid(int(name)))\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    groups.discard(os.getpgrp())\n"
+    "    if not groups:\n"
+    "        break\n"
+    "    for group in groups:\n"
+    "        try:\n"
+    "            os.killpg(group, signal.SIGKILL)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    time.sleep(0.05)\n"
 )
 
 
@@ -95,7 +123,7 @@ class Ssh(EngineKind):
         return {
             "engines": dict(self.hosts),
             "remote_python": self.python,
-            "engine_cmd": engine_command(self.python),
+            "engine_cmd": [self.python, "-m", FORKS],  # one per host (`_engine_set`)
             "ssh_args": list(self.ssh_args),
             "scp_args": list(self.ssh_args),
             # named, so that the cluster can mark them (`launch.Cluster.launch`)
@@ -136,12 +164,19 @@ def parse_hosts(hosts: str | Mapping[str, int] | Hosts) -> Hosts:
 
 
 def _engine_set() -> type:
-    """ipyparallel's ssh engine set, whose wait for an engine's end goes quiet once `stop` has
-    taken the engine over (its ssh to a host that went silent ends by `SSH_OPTIONS`' keepalive,
-    and would otherwise print a traceback from ipyparallel's thread)."""
+    """ipyparallel's ssh engine set, with one launcher per host that forks the host's engines
+    (`distnb.rank.forks`), whose wait for its end goes quiet once `stop` has taken it over (its
+    ssh to a host that went silent ends by `SSH_OPTIONS`' keepalive, and would otherwise print a
+    traceback from ipyparallel's thread)."""
     from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
-    class Engine(SSHEngineLauncher):  # type: ignore[misc]
+    class Forks(SSHEngineLauncher):  # type: ignore[misc]
+        @property
+        def program(self) -> list[str]:
+            # `N FOLDER` before the engines' arguments; the set names the launcher `host/0`
+            count = self.parent.counts[self.identifier.rpartition("/")[0]]
+            return [*self.engine_cmd, str(count), f"{self.remote_profile_dir}/forks"]
+
         def get_env(self) -> dict[str, str]:
             return {**super().get_env(), LAUNCHED_ON_VAR: str(self.location)}
 
@@ -168,7 +203,20 @@ def _engine_set() -> type:
                 raise
 
     class EngineSet(SSHEngineSetLauncher):  # type: ignore[misc]
-        launcher_class = Engine
+        launcher_class = Forks
+        engines: dict[str, int]  # ipyparallel's trait (host: engines there), for mypy
+
+        def start(self, n: int) -> list[str]:
+            # ipyparallel starts one launcher per engine: here, one per host (`Forks.program`)
+            self.counts = dict(self.engines)
+            self.engines = dict.fromkeys(self.counts, 1)
+            try:
+                started = list(super().start(len(self.counts)))
+            finally:
+                self.engines = self.counts
+            self.n = n
+            self.started = dict(self.launchers)  # for `stop`, even once a launcher has ended
+            return started
 
         def _notice_engine_stopped(self, data: dict[str, Any]) -> None:
             if data["identifier"] in self.launchers:  # not one `stop` took out (`_forget`)
@@ -178,7 +226,8 @@ def _engine_set() -> type:
 
 
 class RemoteEngine:
-    """An engine an ssh launcher started: where (`user@host`), its pid there, its launcher."""
+    """What an ssh launcher started (a host's forker, or one engine): where (`user@host`), its
+    pid there, its launcher."""
 
     def __init__(self, engine_set: Any, key: str, launcher: Any) -> None:
         self.engine_set, self.key, self.launcher = engine_set, key, launcher
@@ -187,10 +236,12 @@ class RemoteEngine:
 
 
 def remote_engines(cluster: Any) -> list[RemoteEngine]:
-    """The engines of an ipyparallel cluster that ssh launchers started."""
+    """What the ssh launchers of an ipyparallel cluster started (those whose process has ended
+    too: what it started may run on, and its profile copy is still there)."""
     found = []
     for engine_set in cluster.engines.values():
-        for key, launcher in getattr(engine_set, "launchers", {}).items():
+        launchers = getattr(engine_set, "started", None) or getattr(engine_set, "launchers", {})
+        for key, launcher in launchers.items():
             if hasattr(launcher, "ssh_sender") and launcher.pid:
                 found.append(RemoteEngine(engine_set, key, launcher))
     return found
@@ -223,9 +274,10 @@ def stop(engines: list[RemoteEngine], timeout: float = 5.0) -> list[str]:
 
 def _kill(engines: list[RemoteEngine]) -> subprocess.Popen[bytes]:
     launcher = engines[0].launcher
-    pids = [str(e.pid) for e in engines]
+    words = (f"{MARK_VAR}={launcher.environment.get(MARK_VAR, '')}", f"{LAUNCHED_ON_VAR}=")
     remote = (
-        f"{shlex.quote(launcher.remote_python)} -c {shlex.quote(_KILL)} {' '.join(pids)}; "
+        f"{shlex.quote(launcher.remote_python)} -c {shlex.quote(_KILL)} "
+        f"{' '.join(map(shlex.quote, words))} && "
         f"rm -rf {shlex.quote(launcher.remote_profile_dir)}"
     )
     ssh = [*launcher.ssh_cmd, *launcher.ssh_args, "-o", "ConnectTimeout=3", launcher.location]
