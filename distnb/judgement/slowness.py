@@ -24,7 +24,8 @@ greatest; it is late by that time less the median of its peers'. It is named whe
 than `max(0.5 ms, 5% of a step)` and the clocks' precision. Its **cause** is the phase whose time
 per step exceeds its peers' median the most, and inside that phase the DataLoader, optimizer,
 module or op whose time does (a module is preferred to the ops it runs, when it explains most of
-the difference).
+the difference). A module's time is its forward and the backward of the ops its forward ran
+(`distnb.rank.profiling` links them by autograd's sequence numbers); modules are named by class.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ def label(span: Span) -> str:
         name = "DataLoader"
     elif span.kind is SpanKind.OPTIMIZER:
         name = name.rpartition("#")[2] or name  # Optimizer.step#SGD.step -> SGD.step
-    elif span.kind is SpanKind.MODULE:
-        name = name.removeprefix("nn.Module: ")
+    elif span.kind is SpanKind.MODULE:  # forward and backward count as one
+        name = name.removeprefix("nn.Module: ").removesuffix(" (backward)")
     return f"{span.kind.value}: {name}"
 
 
@@ -380,7 +381,7 @@ def _cause_words(phase: Phase, what: str) -> str:
     if kind == "optimizer":
         return f"its optimizer's step ({name})"
     if kind == "module":
-        return f"its module {name} (forward)"
+        return f"its module {name}"
     if kind in ("op", "device"):
         return f"its {name}"
     if phase is Phase.OTHER:

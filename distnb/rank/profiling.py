@@ -7,7 +7,8 @@ kernel calls `collect()`, which stops it and returns a `RankProfile`: the profil
 plain spans on this rank's monotonic clock (the clock of its `CollectiveEvent`s).
 
 While armed, modules' forwards are named in the profile (global forward hooks open a
-`record_function("nn.Module: <class>")`), which torch's profiler does not do by itself. Nothing
+`record_function("nn.Module: <class>")`), which torch's profiler does not do by itself; their
+backward ops are found by autograd's sequence numbers and named after them too. Nothing
 of this runs while nothing is armed. The profiler's clock is mapped onto the monotonic clock by a
 marker whose start and end hold a `time.monotonic_ns()` read.
 """
@@ -193,20 +194,29 @@ def _run_id() -> int:
         return 0
 
 
-# An event as read from kineto's results: (name, start, end, thread, on a device), in the
-# profiler's ns; reading them so takes a few ms where `profile.events()` (a Python tree of
-# FunctionEvents) takes 100-400 ms for the same profile.
-_Event = tuple[str, int, int, int, bool]
+# An event as read from kineto's results: (name, start, end, thread, on a device, autograd
+# sequence number, the forward's thread for a backward op or 0), in the profiler's ns; reading
+# them so takes a few ms where `profile.events()` (a Python tree of FunctionEvents) takes
+# 100-400 ms for the same profile.
+_Event = tuple[str, int, int, int, bool, int, int]
+_BACKWARD = "autograd::engine::evaluate_function: "
 
 
 def _events(profiler: Any) -> list[_Event]:
-    results = profiler.profiler.kineto_results
     from torch._C._autograd import DeviceType
 
     cpu = DeviceType.CPU
     return [
-        (e.name(), e.start_ns(), e.end_ns(), e.start_thread_id(), e.device_type() != cpu)
-        for e in results.events()
+        (
+            e.name(),
+            e.start_ns(),
+            e.end_ns(),
+            e.start_thread_id(),
+            e.device_type() != cpu,
+            e.sequence_nr(),
+            e.fwd_thread_id(),
+        )
+        for e in profiler.profiler.kineto_results.events()
     ]
 
 
@@ -214,7 +224,7 @@ def _anchor(events: list[_Event], marks: list[int]) -> tuple[int, int]:
     """(offset from the profiler's ns to monotonic ns, precision ns): the tightest marker."""
     found = sorted((e for e in events if e[0] == _MARK), key=lambda e: e[1])
     best = (0, 0)
-    for (_, start, end, _, _), read in zip(found, marks, strict=False):
+    for (_, start, end, *_), read in zip(found, marks, strict=False):
         half = (end - start + 1) // 2
         if best == (0, 0) or half < best[1]:
             best = (read - (start + end) // 2, half)
@@ -246,25 +256,35 @@ def _spans(
 ) -> tuple[list[Span], int, int]:
     """Outermost ops (and ops right inside a module's forward), every labelled span and every
     backend op, that start inside the windows, on the monotonic clock. A CPU event's parent is
-    the innermost event of its thread still open at its start."""
+    the innermost event of its thread still open at its start. A backward op whose forward ran
+    inside a module (autograd's sequence number links them) is also a span of that module,
+    `nn.Module: <class> (backward)`, so that a module's time is its forward and its backward."""
     offset, precision = _anchor(events, marks)
     out: list[Span] = []
-    open_: dict[int, list[tuple[int, str]]] = {}  # thread -> (end, name) of enclosing events
-    for name, start, end, thread, device in sorted(events, key=lambda e: (e[1], -e[2])):
+    # thread -> (end, name, innermost module) of the events open at this point
+    open_: dict[int, list[tuple[int, str, str]]] = {}
+    forward: dict[tuple[int, int], str] = {}  # (thread, sequence number) -> its module
+    for name, start, end, thread, device, seq, fwd in sorted(events, key=lambda e: (e[1], -e[2])):
         stack = open_.setdefault(thread, [])
+        while stack and not device and stack[-1][0] <= start:
+            stack.pop()
+        parent, module = (stack[-1][1], stack[-1][2]) if stack and not device else (None, "")
+        if name.startswith("nn.Module: "):
+            module = name.removeprefix("nn.Module: ")
         if not device:
-            while stack and stack[-1][0] <= start:
-                stack.pop()
-        parent = stack[-1][1] if stack and not device else None
-        if not device:
-            stack.append((end, name))
-        if name == _MARK:
-            continue
+            stack.append((end, name, module))
+        if seq >= 0 and not fwd and module:
+            forward.setdefault((thread, seq), module)
+        if name == _MARK or not any(a <= start + offset <= b for a, b in windows):
+            continue  # a step limit cuts a window inside a step: a span that starts in counts
         kind = _kind(name, device)
         if kind is SpanKind.OP and parent is not None and not _named(parent):
             continue
-        if any(a <= start + offset <= b for a, b in windows):  # a step limit cuts in a step
-            out.append(Span(name, kind, start + offset, end + offset, thread))
+        out.append(Span(name, kind, start + offset, end + offset, thread))
+        owner = forward.get((fwd, seq)) if fwd and name.startswith(_BACKWARD) else None
+        if owner is not None:
+            owner = f"nn.Module: {owner} (backward)"
+            out.append(Span(owner, SpanKind.MODULE, start + offset, end + offset, thread))
     dropped = max(0, len(out) - MAX_SPANS)
     return out[dropped:], dropped, precision
 
