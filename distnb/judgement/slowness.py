@@ -19,6 +19,9 @@ one that ends the loop, starts the left-out tail), else each *cell* is one step.
     compute             torch ops and modules' forward, outside the phases above
     other host time     the rest of the step: Python between ops, sleeps, I/O
 
+Times per step are **medians** over the steps, so that a cell's first step, which makes the model,
+the iterator or the process group, does not count as the typical one.
+
 **The straggler** is the rank whose time outside waiting and collectives ("busy") per step is the
 greatest; it is late by that time less the median of its peers'. It is named when late by more
 than `max(0.5 ms, 5% of a step)` and the clocks' precision. Its **cause** is the phase whose time
@@ -103,17 +106,17 @@ _Of = Callable[[StepTime], float]  # a step's time in one phase, or under one na
 
 @dataclass(frozen=True, slots=True)
 class RankBreakdown:
-    """A rank's steps, and its mean time per step in each phase."""
+    """A rank's steps, and its median time per step in each phase."""
 
     rank: int
     steps: tuple[StepTime, ...]
 
     def per_step(self, phase: Phase) -> float:
-        return _mean(s.phases.get(phase, 0) for s in self.steps)
+        return _median(s.phases.get(phase, 0) for s in self.steps)
 
     @property
     def step_ns(self) -> float:
-        return _mean(s.end_ns - s.start_ns for s in self.steps)
+        return _median(s.end_ns - s.start_ns for s in self.steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +321,10 @@ def find_straggler(
     if len(ranks) < 2:
         return None
     n = min(len(r.steps) for r in ranks)
-    busy = {r.rank: _mean(s.busy_ns for s in r.steps[:n]) for r in ranks}
+    busy = {r.rank: _median(s.busy_ns for s in r.steps[:n]) for r in ranks}
     slow = max(busy, key=lambda r: busy[r])
     late = busy[slow] - statistics.median(v for r, v in busy.items() if r != slow)
-    step = statistics.median(_mean(s.end_ns - s.start_ns for s in r.steps[:n]) for r in ranks)
+    step = statistics.median(_median(s.end_ns - s.start_ns for s in r.steps[:n]) for r in ranks)
     if late < max(MIN_LATE_NS, MIN_LATE_SHARE * step, 2 * precision_ns):
         return None
     mine = next(r for r in ranks if r.rank == slow).steps[:n]
@@ -336,8 +339,8 @@ def _excess(
     mine: Sequence[StepTime], peers: Sequence[Sequence[StepTime]], of: _Of
 ) -> tuple[float, float, float]:
     """(mine - peers' median, mine, peers' median), per step."""
-    own = _mean(of(s) for s in mine)
-    theirs = statistics.median(_mean(of(s) for s in p) for p in peers)
+    own = _median(of(s) for s in mine)
+    theirs = statistics.median(_median(of(s) for s in p) for p in peers)
     return own - theirs, own, theirs
 
 
@@ -400,9 +403,11 @@ def _verdict(ranks: Sequence[RankBreakdown], straggler: Straggler | None, steps_
     return f"no rank stands out: the ranks are busy for about as long per {steps_by.rstrip('s')}"
 
 
-def _mean(values: Iterable[float]) -> float:
+def _median(values: Iterable[float]) -> float:
+    """The median, 0 for none: a step's typical time, which one warm-up step (a cell's first,
+    with its imports, model and iterator to make) does not move."""
     xs = list(values)
-    return sum(xs) / len(xs) if xs else 0.0
+    return float(statistics.median(xs)) if xs else 0.0
 
 
 def _ms(ns: float) -> str:

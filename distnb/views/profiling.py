@@ -54,7 +54,7 @@ class ProfileView:
         each = "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts))
         return (
             f"profile of {len(self.profiles)} ranks, {each} {self.result.steps_by} each; "
-            f"time per {self.result.unit}"
+            f"median time per {self.result.unit}"
         )
 
     def _rows(self) -> list[list[str]]:
@@ -70,7 +70,10 @@ class ProfileView:
         if dropped:
             notes.append(f"{dropped} of the oldest spans were left out (the ranks' bound)")
         cost = max((p.cost_ns for p in self.profiles), default=0)
-        notes.append(f"the profiler cost each rank up to {format_ns(cost)} outside the cells")
+        notes.append(
+            f"starting and reading the profiler cost each rank up to {format_ns(cost)}, "
+            "outside the steps above (the first profile of a process starts kineto: seconds)"
+        )
         return notes
 
     def __repr__(self) -> str:

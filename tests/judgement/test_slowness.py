@@ -32,10 +32,11 @@ def job(
     ops: Sequence[str] = ("aten::addmm",),
     optimizer: bool = True,
     loader: bool = True,
+    warmup: dict[int, int] | None = None,
 ) -> tuple[list[RankProfile], list[CollectiveEvent]]:
     """Ranks that each load a batch (`data[r]` ms), compute (`compute[r]` ms, in `modules[r]`,
     outermost first, over ops that share it evenly), meet at an all_reduce and step their
-    optimizer (1 ms)."""
+    optimizer (1 ms); `warmup[r]` ms more of host time in rank r's first step."""
     ranks = range(len(data))
     spans: dict[int, list[Span]] = {r: [] for r in ranks}
     events: list[CollectiveEvent] = []
@@ -44,7 +45,7 @@ def job(
     for k in range(steps):
         arrive = {}
         for r in ranks:
-            at = t
+            at = t + (warmup or {}).get(r, 0) * MS * (k == 0)
             if loader:
                 spans[r].append(
                     Span("enumerate(DataLoader)#_It.__next__", SpanKind.DATA, at, at + data[r] * MS)
@@ -116,6 +117,12 @@ def test_a_cause_that_explains_part_of_its_phase_is_said_with_the_phase() -> Non
         "others, the most of it in "
     )
     assert str(s).endswith(": 20.0 ms against 2.0 ms")
+
+
+def test_a_first_step_that_warms_up_does_not_make_a_straggler() -> None:
+    profiles, events = job(data=[9, 20], compute=[5, 5], warmup={0: 500})
+    s = breakdown(profiles, events).straggler
+    assert s is not None and s.rank == 1 and s.phase is Phase.DATA
 
 
 def test_three_ranks_compare_the_slow_one_with_the_median_of_the_others() -> None:

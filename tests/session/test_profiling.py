@@ -128,6 +128,29 @@ def test_profile_steps_stops_after_n_steps_and_lines_up_with_the_collectives(
     assert {"data", "module", "optimizer", "op", "step", "wait", "collective"} <= kinds
 
 
+def test_a_script_run_with_dist_run_is_profiled(session: Session, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "model = torch.nn.Linear(64, 64)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for step in range(4):\n"
+        "    if dist.get_rank() == 1:\n"
+        "        time.sleep(0.02)\n"
+        "    model(torch.randn(8, 64)).sum().backward()\n"
+        "    for p in model.parameters():\n"
+        "        dist.all_reduce(p.grad)\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    session.profile()
+    session.run_script(str(script))
+    s = session.profile_report().result.straggler
+    assert s is not None and (s.rank, s.phase) == (1, Phase.OTHER), str(s)
+    assert "its host time outside torch ops (Python, sleeps, I/O) takes" in str(s)
+
+
 def test_nothing_profiled_says_how_to_start(session: Session) -> None:
     with pytest.raises(ConfigError, match="nothing is being profiled"):
         session.profile_report()
