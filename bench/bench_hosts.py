@@ -2,6 +2,7 @@
 check's cost, and what a stranger writing over the control plane's keys costs a cell.
 
     sudo python bench/bench_hosts.py [--repeats 5] [--parts start cost stranger lifeline slurm]
+    sudo python bench/bench_hosts.py --parts forked [--ranks 2 8]   (bench/results/hosts-forked.txt)
 
 Needs root (it makes the rehearsal hosts of `harness/hosts.py`: two hosts behind a
 router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd), and
@@ -26,6 +27,12 @@ first host, a slurmd on each).
   and wait in a collective when the second host's link goes down, and stays down: the time
   from the cut until that host runs no engine or nanny (`distnb.rank.lifeline`), once per
   repeat, each with a session of its own.
+- forked (alone, not among the defaults): distnb's start at 2 hosts of `--ranks` each, its
+  engines forked on each host from one process that imported torch once (`distnb.rank.forks`,
+  one ssh launcher per host), against the same start with one ssh command per engine, each
+  importing torch (how distnb started them before): the time from the call until every rank is
+  in the gloo group, and the memory the hosts' processes hold then (the sum of their PSS:
+  pages a forker shares with its engines count once). In rounds that alternate.
 """
 
 from __future__ import annotations
@@ -39,7 +46,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -48,6 +58,9 @@ from median_ci import median_ci, ratio_of_medians  # noqa: E402
 
 import distnb  # noqa: E402
 from distnb.errors import RankDiedError  # noqa: E402
+from distnb.records.cell import LAUNCHED_ON_VAR  # noqa: E402
+from distnb.session.cluster import ssh  # noqa: E402
+from distnb.session.cluster.engines import engine_command  # noqa: E402
 from harness.hosts import Host, Lan, missing  # noqa: E402
 from harness.slurm import Slurm  # noqa: E402
 from harness.slurm import missing as slurm_missing  # noqa: E402
@@ -60,7 +73,7 @@ LOOP = (
     "import time\nfor _ in range(20):\n    x = torch.ones(8)\n    dist.all_reduce(x)\n"
     "    time.sleep(0.1)"
 )
-PARTS = ("start", "cost", "stranger", "lifeline", "slurm")
+PARTS = ("start", "cost", "stranger", "lifeline", "slurm")  # the defaults; and "forked"
 BUSY = (  # what the ranks on the host cut off do (rank 0, on the other host, waits too)
     "import time\nx = torch.ones(1)\nif rank == 1:\n    time.sleep(600)\nelif rank == 2:\n"
     "    while True:\n        pass\nelse:\n    dist.all_reduce(x)"
@@ -194,6 +207,65 @@ def lifeline(lan: Lan, repeats: int) -> list[float]:
     return took
 
 
+@contextlib.contextmanager
+def per_engine() -> Iterator[None]:
+    """distnb's ssh kind as it started engines before they were forked: ipyparallel's engine
+    set, one ssh command per engine running distnb's engine (which imports torch)."""
+    from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
+
+    class Engine(SSHEngineLauncher):  # type: ignore[misc]
+        def get_env(self) -> dict[str, str]:
+            return {**super().get_env(), LAUNCHED_ON_VAR: str(self.location)}
+
+    class EngineSet(SSHEngineSetLauncher):  # type: ignore[misc]
+        launcher_class = Engine
+
+        def _notice_engine_stopped(self, data: dict[str, object]) -> None:
+            if data["identifier"] in self.launchers:  # not one the stop took out
+                super()._notice_engine_stopped(data)
+
+    forked = ssh.Ssh.launcher, ssh.Ssh.launcher_settings
+    settings = ssh.Ssh.launcher_settings
+    ssh.Ssh.launcher = lambda self: EngineSet  # type: ignore[method-assign]
+    ssh.Ssh.launcher_settings = lambda self: {  # type: ignore[method-assign]
+        **settings(self),
+        "engine_cmd": engine_command(self.python),
+    }
+    try:
+        yield
+    finally:
+        ssh.Ssh.launcher, ssh.Ssh.launcher_settings = forked  # type: ignore[method-assign]
+
+
+def hosts_pss_mb(lan: Lan) -> float:
+    """The PSS of the hosts' engines, forkers and nannies, in MB."""
+    total = 0
+    for host in lan.hosts:
+        for proc in host.distnb_processes():
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_full_info().pss
+    return total / 1e6
+
+
+def forked_starts(lan: Lan, ranks: int, repeats: int) -> dict[str, list[float]]:
+    """Start times (s) and hosts' PSS (MB), forked and one ssh command per engine, the order
+    rotating."""
+    kinds = ("forked", "per engine")
+    found: dict[str, list[float]] = {f"{k} {w}": [] for k in kinds for w in ("s", "MB")}
+    for i in range(repeats):
+        for kind in kinds[i % 2 :] + kinds[: i % 2]:
+            with per_engine() if kind == "per engine" else contextlib.nullcontext():
+                started = time.perf_counter()
+                session = distnb.start(
+                    hosts={h.addr: ranks for h in lan.hosts}, host=lan.kernel_addr,
+                    ssh_args=lan.ssh_args, progress=False,
+                )  # fmt: skip
+                found[f"{kind} s"].append(time.perf_counter() - started)
+                found[f"{kind} MB"].append(hosts_pss_mb(lan))
+                session.stop()
+    return found
+
+
 def _row(name: str, ours: list[float], peer: list[float] | None, unit: str, label: str) -> str:
     low, high = median_ci(ours)
     text = f"{name:34} {statistics.median(ours):9.3f} {unit} [{low:.3f}-{high:.3f}]"
@@ -225,22 +297,30 @@ def starts(lan: Lan, engines: str, repeats: int) -> tuple[list[float], list[floa
     return ours, peer
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    args = parser.parse_args()
+    parser.add_argument("--parts", nargs="+", choices=(*PARTS, "forked"), default=list(PARTS))
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2], help="per host (forked)")
+    return parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if why := missing():
         sys.exit(f"bench_hosts needs {why}")
-    ssh = times = attacked = ended = None
+    by_ssh = times = attacked = ended = None
+    forked: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as state:
         lan = Lan(Path(state))
         try:
             lan.add_host("h2")
             lan.add_host("h3")
             if "start" in args.parts:
-                ssh = starts(lan, "ssh", args.repeats)
+                by_ssh = starts(lan, "ssh", args.repeats)
+            if "forked" in args.parts:
+                for ranks in args.ranks:
+                    forked[ranks] = forked_starts(lan, ranks, args.repeats)
             if "cost" in args.parts or "stranger" in args.parts:
                 _, session = distnb_start(lan)
                 with session:
@@ -259,11 +339,18 @@ def main() -> None:
                     slurm.close()
         finally:
             lan.close()
-    print(f"# 2 hosts x {RANKS_PER_HOST} ranks; the order of the starts rotates")
+    for ranks, found in forked.items():
+        print(f"# 2 hosts x {ranks} ranks, forked on each host against one ssh per engine")
+        for unit, what in (("s", "start to ready"), ("MB", "hosts' PSS, ready")):
+            mine, theirs = found[f"forked {unit}"], found[f"per engine {unit}"]
+            name = f"{what}, 2x{ranks} ({unit})"
+            print(_row(name, mine, theirs, unit, "one ssh per engine"))
+    if not forked:
+        print(f"# 2 hosts x {RANKS_PER_HOST} ranks; the order of the starts rotates")
     label = "ipyparallel ssh + torch + gloo"
-    if ssh is not None:
-        print(_row("start to ready, ssh (s)", *ssh[:2], "s", label))
-        print(_row("  control: the peer again (s)", *ssh[:0:-1], "s", label))
+    if by_ssh is not None:
+        print(_row("start to ready, ssh (s)", *by_ssh[:2], "s", label))
+        print(_row("  control: the peer again (s)", *by_ssh[:0:-1], "s", label))
     if slurm is not None:
         label = "ipyparallel Slurm + torch + gloo"
         print(_row("start to ready, Slurm job (s)", *by_slurm[:2], "s", label))
@@ -313,5 +400,6 @@ def main() -> None:
 if __name__ == "__main__":
     from results import saved
 
-    with saved("hosts"):
-        main()
+    parsed = arguments()
+    with saved("hosts-forked" if parsed.parts == ["forked"] else "hosts"):
+        main(parsed)
