@@ -60,13 +60,9 @@ class Variables:
         frame, name = found
         rows = _evaluate(client, frame, f"{_AT_RANK}.fields({name}, {name!r})")
         return [
-            {
-                "name": key,
-                "value": value,
-                "type": "",
-                "evaluateName": expression,
-                "variablesReference": 0,
-            }
+            # no `type`: JupyterLab's tree shows a variable's type where there is one (even
+            # an empty one), its value only where there is none
+            {"name": key, "value": value, "evaluateName": expression, "variablesReference": 0}
             for key, value, expression in (rows if isinstance(rows, list) else [])
         ]
 
