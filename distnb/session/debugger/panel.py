@@ -8,13 +8,19 @@ when any rank goes on. `Panel` decides what the frontend is told:
 - the first rank to stop is shown; other ranks that stop meanwhile are held (their `stopped`
   events are not forwarded: they are listed in `debugInfo` and as frames below the shown
   rank's stack, `[rank 0] <module> (select to show)`);
-- the shown rank keeps the panel while it steps (`next`, `stepIn`, `stepOut`): its own
-  `continued` and `stopped` events go through; if it has not stopped again within
-  `STEP_GRACE_S` (a step over a collective that waits for a held rank), the next stopped rank is
-  shown, as the text debugger gives the prompt to the next rank;
+- the shown rank keeps the panel while it steps (`next`, `stepIn`, `stepOut`), however long the
+  step takes on a busy machine: its own `continued` and `stopped` events go through. Another
+  rank is shown only when the stepping rank says it waits for a held rank (`waits`: its beacon,
+  a step over a collective), or when it has not stopped again for `STEP_QUIET_S` times the
+  load per core (a step out of the cell's code: the rank finished it), as the text debugger
+  gives the prompt to the next rank;
+- a rank held after the frontend fetched the shown rank's stack without it (a rank slower to
+  stop on a busy machine) gets the shown rank's `stopped` event sent again, marked
+  `preserveFocusHint`: the frontend fetches the stack again, with that rank listed;
 - when the shown rank continues, goes away or dies, the lowest held rank is shown;
-- selecting a held rank's frame in the call stack shows that rank (`switch`): the frontend then
-  still names the previous thread in its requests, which go to the rank it shows (`route`);
+- selecting a held rank's frame in the call stack shows that rank (`switch`): its stopped event
+  is sent, so the frontend lists that rank's stack first and the rank shown before as held;
+  a request still naming the thread shown before goes to the rank shown (`route`);
 - once the frontend switched the debugger off, it is told nothing (`quiet`) until the next
   cell connects to the ranks again (`listen`).
 """
@@ -22,16 +28,23 @@ when any rank goes on. `Panel` decides what the frontend is told:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from distnb.session.debugger.ids import decode, encode
+from distnb.session.load import stretched
 
-__all__ = ["STEP_GRACE_S", "Panel"]
+__all__ = ["STEP_MOST_S", "STEP_QUIET_S", "Panel"]
 
 Message = dict[str, Any]
 
-STEP_GRACE_S = 0.5
+# A step that has not stopped again after this long (times the load per core, up to
+# `STEP_MOST_S`) left the code it stepped in. Clicked in JupyterLab on 2 ranks, steps took
+# 0.3-2.2 s on 2 cores at a load of 10 (a fixed 0.5 s made the panel jump to another rank).
+STEP_QUIET_S = 5.0
+STEP_MOST_S = 30.0
+STEP_POLL_S = 0.1
 
 
 class Panel:
@@ -39,12 +52,18 @@ class Panel:
     ranks (rank -> its stopped event's body, with the rank's own ids), `emit` sends an event."""
 
     def __init__(
-        self, stopped: Callable[[], dict[int, Message]], emit: Callable[[str, Message], None]
+        self,
+        stopped: Callable[[], dict[int, Message]],
+        emit: Callable[[str, Message], None],
+        waits: Callable[[int], bool] = lambda rank: False,
     ) -> None:
         self._stopped = stopped
         self._emit = emit
+        self._waits = waits  # whether a running rank says it waits for a held rank
         self.shown: int | None = None  # the thread (a shifted id) the frontend shows
         self.left: int | None = None  # the thread it names still, after a switch
+        self._step: object | None = None  # the shown rank's step under way, until it stops
+        self._listed: set[int] | None = None  # held ranks in the stack the frontend fetched
         self._quiet = False
         self._lock = threading.RLock()
 
@@ -56,6 +75,18 @@ class Panel:
         with self._lock:
             if self.shown is None or self.rank() == rank:
                 self._show(rank, body)
+            elif self._listed is not None and rank not in self._listed:
+                shown = self.rank()
+                found = self._stopped().get(shown) if shown is not None else None
+                if shown is not None and found is not None:  # not while it steps
+                    self._show(shown, found, again=True)
+
+    def listing(self) -> set[int]:
+        """The frontend fetches the shown rank's stack: the caller adds each held rank it
+        lists to the set returned (a rank held later is not in it: `stopped`)."""
+        with self._lock:
+            self._listed = set()
+            return self._listed
 
     def continued(self, rank: int, by: str) -> None:
         """`rank` goes on, by the frontend's `by` request ("" for another reason)."""
@@ -64,9 +95,8 @@ class Panel:
                 return  # a held rank: the frontend never saw it stop
             self._emit("continued", {"threadId": self.shown})
             if by in ("next", "stepIn", "stepOut"):
-                timer = threading.Timer(STEP_GRACE_S, self._after_step, (rank,))
-                timer.daemon = True
-                timer.start()
+                self._step = step = object()
+                self._after_step(rank, step, time.monotonic())
                 return
             self.shown = self.left = None
             self.show_next()
@@ -86,9 +116,9 @@ class Panel:
             body = self._stopped().get(rank)
             if body is None or self.rank() == rank:
                 return
-            if self.left is None:
-                self.left = self.shown
-            self.shown = encode(rank, body["threadId"])
+            left = self.left if self.left is not None else self.shown
+            self._show(rank, body)
+            self.left = left
 
     def route(self, thread: int) -> int:
         """The thread a frontend's request is for: the one it shows, where it names the one it
@@ -115,19 +145,31 @@ class Panel:
         with self._lock:
             self._quiet = False
 
-    def _show(self, rank: int, body: Message) -> None:
+    def _show(self, rank: int, body: Message, again: bool = False) -> None:
         if self._quiet:
             return
         self.shown = encode(rank, body["threadId"])
-        self.left = None
+        self.left = self._step = self._listed = None
         shown = {**body, "threadId": self.shown, "allThreadsStopped": False}
+        if again:
+            shown["preserveFocusHint"] = True  # the same stop, its stack to fetch again
         held = sorted(set(self._stopped()) - {rank})
         also = f" (also stopped: {', '.join(map(str, held))})" if held else ""
         shown["description"] = f"rank {rank}: {body.get('description') or body.get('reason')}{also}"
         self._emit("stopped", shown)
 
-    def _after_step(self, rank: int) -> None:
+    def _after_step(self, rank: int, step: object, since: float) -> None:
+        """Show the next stopped rank once the stepping `rank` waits for a held one, or has
+        not stopped again for long; else look again in `STEP_POLL_S` (until it stops: a rank
+        that stopped and went on since is no longer stepping)."""
         with self._lock:
-            if self.rank() == rank and rank not in self._stopped():
-                self.shown = self.left = None
-                self.show_next()
+            if self._step is not step or self.rank() != rank or self._quiet:
+                return
+            within = time.monotonic() - since < stretched(STEP_QUIET_S, STEP_MOST_S)
+            if within and not self._waits(rank):
+                timer = threading.Timer(STEP_POLL_S, self._after_step, (rank, step, since))
+                timer.daemon = True
+                timer.start()
+                return
+            self.shown = self.left = None
+            self.show_next()

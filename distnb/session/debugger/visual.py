@@ -24,10 +24,14 @@ code never runs. `VisualDebugger` stands in front of ipykernel's debugger (`inst
 - The panel and the kernel agree. Switching the debugger off (`disconnect`) lets stopped ranks
   go on and forgets every breakpoint, in ipykernel and on the ranks. JupyterLab's *Terminate*
   (the square) is `disconnect` followed at once by `initialize`, `attach` and the breakpoints
-  again, but its panel drops the breakpoints from the gutter and the list from then on (seen in
-  JupyterLab 4.6: with the restart accepted, the next cell stopped at a breakpoint nobody could
-  see): the relay refuses that `initialize`, so the kernel is off too and the frontend's
-  session ends; one click on the bug icon switches it on again.
+  again; whether its bug icon goes off with the `disconnect` depends on the page's history
+  (JupyterLab 4.6): only when it showed the notebook again with the debugger on (its
+  `debugInfo` answered "started", other than the one after a `dumpCell`, which sets a
+  breakpoint) does the icon go off, and the gutter with it; the debugger switched on from a
+  page that showed it off keeps its icon lit and its gutter. So the relay follows the icon
+  (`_restarting`): it lets the restart through where the icon stays lit (the debugger stays on,
+  with the breakpoints the gutter shows again) and refuses it where the icon goes off (the
+  kernel is off too; one click on the bug icon switches it on again).
 - A rank whose adapter goes away (it died, the cluster stopped) is dropped, and if the panel
   showed it, the next stopped rank is shown.
 """
@@ -135,7 +139,7 @@ class VisualDebugger:
         self.clients: dict[int, DapClient] = {}
         self.stopped: dict[int, Message] = {}  # rank -> its stopped event's body (own ids)
         self.resumed_by: dict[int, str] = {}
-        self.panel = Panel(lambda: dict(self.stopped), self._emit)
+        self.panel = Panel(lambda: dict(self.stopped), self._emit, self._waits_for_stopped)
         self.frames: dict[tuple[int, int], int] = {}  # (rank, variables ref) -> its frame
         self.variables = Variables()
         self.control: ControlPlane | None = None
@@ -144,6 +148,9 @@ class VisualDebugger:
         self._stopped_s = 0.0
         self._since: float | None = None
         self._disconnected_at: float | None = None  # nothing asked since the last disconnect
+        self._previous = ""  # the frontend's previous request
+        self._icon_follows = False  # its bug icon goes off at the next disconnect
+        self._icon_off = False  # it went off at the last one
 
     # --- the frontend's requests ---------------------------------------------------------
 
@@ -160,6 +167,7 @@ class VisualDebugger:
     async def _process(self, message: Message) -> Message:
         command = message.get("command", "")
         args = message.get("arguments") or {}
+        previous, self._previous = self._previous, command
         if self._restarting(command):
             return _refused(message, TERMINATED)
         key = ROUTED.get(command)
@@ -192,9 +200,10 @@ class VisualDebugger:
             threads = await _off_loop(links.threads, dict(self.clients))
             reply.setdefault("body", {}).setdefault("threads", []).extend(threads)
         elif command == "debugInfo":
-            reply.setdefault("body", {}).setdefault("stoppedThreads", []).extend(
-                self.panel.threads()
-            )
+            body = reply.setdefault("body", {})
+            body.setdefault("stoppedThreads", []).extend(self.panel.threads())
+            if body.get("isStarted") and previous != "dumpCell":
+                self._icon_follows = True  # the page showed the notebook again, debugger on
         elif (
             command == "disconnect"
         ):  # as ipykernel, forget the breakpoints: a new attach sets them
@@ -202,14 +211,17 @@ class VisualDebugger:
             self.breakpoints.clear()
             await _off_loop(self.close)
             self._disconnected_at = time.monotonic() if was_stopped else None
+            self._icon_off, self._icon_follows = self._icon_follows, False
         return reply
 
     def _restarting(self, command: str) -> bool:
-        """Whether `command` is the `initialize` of JupyterLab's restart (its Terminate)."""
+        """Whether `command` is the `initialize` of JupyterLab's restart (its Terminate) after
+        which its bug icon shows the debugger off (see the module's docstring)."""
         since, self._disconnected_at = self._disconnected_at, None
-        return (
+        restart = (
             command == "initialize" and since is not None and time.monotonic() - since < RESTART_S
         )
+        return restart and self._icon_off
 
     def _to_rank(self, rank: int, message: Message, key: str, own: int) -> Message:
         command = message["command"]
@@ -247,7 +259,8 @@ class VisualDebugger:
                 frame["name"] = f"[rank {rank}] {frame['name']}"
                 frame["id"] = encode(rank, frame["id"])
             if self.panel.rank() == rank:
-                body["stackFrames"] = body.get("stackFrames", []) + self._held_frames(rank)
+                held = self._held_frames(rank, self.panel.listing())
+                body["stackFrames"] = body.get("stackFrames", []) + held
         elif command == "scopes":
             for scope in body.get("scopes", []):
                 self._variables_of(rank, scope, args["frameId"])
@@ -263,9 +276,9 @@ class VisualDebugger:
             self._variables_of(rank, body, args.get("frameId"))
         return body
 
-    def _held_frames(self, shown: int) -> list[Message]:
-        """The top frame of every other stopped rank, below the shown rank's stack: selecting
-        one shows that rank (`Panel.switch`)."""
+    def _held_frames(self, shown: int, listed: set[int]) -> list[Message]:
+        """The top frame of every other stopped rank, below the shown rank's stack (each rank
+        added to `listed`): selecting one shows that rank (`Panel.switch`)."""
         frames = []
         for rank, stop in sorted(self.stopped.items()):
             client = self.clients.get(rank)
@@ -279,6 +292,7 @@ class VisualDebugger:
                 frame["name"] = f"[rank {rank}] {frame['name']} (select to show)"
                 frame["id"] = encode(rank, frame["id"])
                 frames.append(frame)
+                listed.add(rank)
         return frames
 
     def _variables_of(self, rank: int, holder: Message, frame: int | None) -> None:
@@ -338,6 +352,18 @@ class VisualDebugger:
         stopped (a cell of the kernel's)."""
         kernel_stopped = bool(getattr(self.debugger, "stopped_threads", ()))
         return self.panel.shown is not None and not kernel_stopped
+
+    def _waits_for_stopped(self, rank: int) -> bool:
+        """Whether `rank` says (its beacon) that it waits at a checked call for a stopped rank:
+        a step over a collective that needs a rank the panel holds."""
+        control, stopped = self.control, set(self.stopped)
+        if control is None or control.store is None:
+            return False
+        try:
+            beacons = control.beacons([rank])
+        except (RuntimeError, ValueError):  # the control plane is going; a torn value
+            return False
+        return any(b.waiting and stopped & set(b.waiting_for) for b in beacons)
 
     def _emit(self, event: str, body: Message) -> None:
         self.debugger.event_callback({"type": "event", "event": event, "seq": 0, "body": body})

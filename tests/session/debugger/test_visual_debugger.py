@@ -62,7 +62,8 @@ class Dap:
                     f"no {name!r} event within {timeout} s\n{self.seen()}"
                 ) from None
             if msg["msg_type"] == "debug_event":
-                if msg["content"].get("event") == name:
+                again = msg["content"].get("body", {}).get("preserveFocusHint")
+                if msg["content"].get("event") == name and not again:  # not a stack refresh
                     return dict(msg["content"]["body"])
             else:
                 self.events.append(msg)
@@ -357,7 +358,8 @@ def test_selecting_a_held_ranks_frame_shows_that_rank(fe: Frontend) -> None:
     held = dap.body("stackTrace", threadId=shown)["stackFrames"][-1]
     assert "(select to show)" in held["name"]
     dap.body("scopes", frameId=held["id"])  # JupyterLab asks the selected frame's scopes
-    # JupyterLab still names the thread it showed; Next steps the rank the user selected
+    assert dap.event("stopped")["threadId"] == other  # shown: its stack first, to the frontend
+    # a request still naming the thread shown before is for the rank the user selected
     dap.body("next", threadId=shown)
     assert dap.event("stopped")["threadId"] == other
     top = dap.body("stackTrace", threadId=other)["stackFrames"][0]
