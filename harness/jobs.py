@@ -69,6 +69,17 @@ class Job:
         found = re.findall(r"final (\d+) (\S+)", self.log.read_text())
         return {int(r): bits for r, bits in found}
 
+    def agents_up(self) -> None:
+        """Once the job's run folder is there and every rank's agent has started."""
+        import distnb
+
+        deadline = time.monotonic() + START_S
+        while not (self.folder / "endpoint.json").exists():
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+            time.sleep(0.1)
+        distnb.attach(str(self.folder), timeout=START_S).detach()
+
     def wait_for(self, pattern: str, timeout_s: float = START_S) -> None:
         deadline = time.monotonic() + timeout_s
         while not re.search(pattern, self.log.read_text()):

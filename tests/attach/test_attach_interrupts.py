@@ -9,12 +9,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-import distnb
 from harness.jobs import START_S, job
 
 pytestmark = pytest.mark.gloo
@@ -56,11 +54,7 @@ def test_ctrl_c_at_each_phase_of_dist_attach_says_what_it_left_and_the_next_comm
     tmp_path: Path,
 ) -> None:
     with job(tmp_path, "hang", STEPS="8", SKIP_AT="3") as jb:
-        deadline = time.monotonic() + START_S
-        while not (jb.folder / "endpoint.json").exists():
-            assert time.monotonic() < deadline, jb.log.read_text()[-3000:]
-            time.sleep(0.1)
-        distnb.attach(str(jb.folder), timeout=START_S).detach()  # every agent is up
+        jb.agents_up()
         jb.wait_for(r"final 1 ")  # rank 1 has left the loop: it sleeps in its "checkpoint"
         done = subprocess.run(
             [sys.executable, "-c", KERNEL, str(jb.folder)],

@@ -8,12 +8,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-import distnb
 from harness.jobs import START_S, job
 
 pytestmark = pytest.mark.gloo
@@ -47,11 +45,7 @@ KERNEL = textwrap.dedent(
 
 def test_a_fresh_kernel_attaches_without_importing_torch(tmp_path: Path) -> None:
     with job(tmp_path, "hang", STEPS="8", SKIP_AT="3") as jb:
-        deadline = time.monotonic() + START_S
-        while not (jb.folder / "endpoint.json").exists():
-            assert time.monotonic() < deadline, jb.log.read_text()[-3000:]
-            time.sleep(0.1)
-        distnb.attach(str(jb.folder), timeout=START_S).detach()  # every agent is up
+        jb.agents_up()
         env = {**os.environ, "DISTNB_RUNS": str(tmp_path / "runs")}
         done = subprocess.run(
             [sys.executable, "-c", KERNEL, str(jb.folder)],
