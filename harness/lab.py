@@ -40,6 +40,8 @@ NOTEBOOKS = REPO / "notebooks"
 
 
 ARTIFACTS = REPO / "artifacts" / "browser"
+# Screenshots of the debugger tests and the frontend's debug requests, kept for a failure
+SHOTS = REPO / "artifacts" / "debug"
 
 
 NOTEBOOK = "01-quickstart.ipynb"
@@ -344,3 +346,20 @@ def assert_in_order(text: str, *parts: str) -> None:
         found = text.find(part, position)
         assert found >= 0, f"expected {part!r} (in order: {parts}) in:\n{text}"
         position = found + len(part)
+
+
+def shot(page: Any, name: str) -> None:
+    """A screenshot of `page` in `SHOTS`, for a failure."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / f"{name}.png")
+
+
+@pytest.fixture
+def dap_log(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file the kernel writes the frontend's debug requests to (`DISTNB_DAP_LOG`), one per
+    test module, for a failure."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{request.module.__name__.rsplit('.', 1)[-1]}-dap.log"
+    path.unlink(missing_ok=True)
+    monkeypatch.setenv("DISTNB_DAP_LOG", str(path))
+    return path

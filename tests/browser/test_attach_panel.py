@@ -14,12 +14,11 @@ import nbformat
 import pytest
 
 from harness.jobs import TRAIN, job, line_of
-from harness.lab import REPO, Lab, cell, output_text, wait_for_kernel_idle
+from harness.lab import Lab, cell, output_text, shot, wait_for_kernel_idle
 from tests.browser.test_visual_debugger import ran, run_cell
 
 pytestmark = [pytest.mark.gloo, pytest.mark.browser]
 
-SHOTS = REPO / "artifacts" / "debug"
 NAME = "attach-panel.ipynb"
 BEFORE = line_of("flat = grads_of(model)")
 GRADS = line_of("# the gradients")
@@ -29,19 +28,6 @@ WAIT = (
     "    assert time.monotonic() < deadline, job.snapshots()\n"
     "    time.sleep(0.2)"
 )
-
-
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SHOTS / f"attach-{name}.png")
-
-
-@pytest.fixture
-def dap_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The frontend's debug requests, written by the kernel (`DISTNB_DAP_LOG`), for a failure."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    (SHOTS / "attach-dap.log").unlink(missing_ok=True)
-    monkeypatch.setenv("DISTNB_DAP_LOG", str(SHOTS / "attach-dap.log"))
 
 
 @pytest.mark.usefixtures("chromium", "dap_log")  # first: skip before starting JupyterLab
@@ -92,22 +78,22 @@ def test_attached_ranks_in_jupyterlabs_debugger_panel(tmp_path: Any, lab: Lab, p
             expect(frames.filter(has_text="(select to show)")).to_have_count(1)
             variables = page.locator(".jp-DebuggerVariables")
             expect(variables).to_contain_text(re.compile(r"step:?\s*int\s*2|step:?\s*2"))
-            shot(page, "stopped")
+            shot(page, "attach-stopped")
 
             page.locator('[title^="Next ("]').first.click()
             expect(frames.first).to_contain_text(f"{TRAIN.name}:{GRADS}")
             expect(variables).to_contain_text(re.compile(r"flat:?\s*Tensor float32\[9\] cpu"))
-            shot(page, "next")
+            shot(page, "attach-next")
 
             page.locator('[title^="Continue ("]').first.click()
             expect(frames.first).to_contain_text(f"[rank {1 - shown}] main")
             expect(frames.first).to_contain_text(f"{TRAIN.name}:{BEFORE}")
             expect(variables).to_contain_text(re.compile(r"flat:?\s*Tensor float32\[9\] cpu"))
-            shot(page, "other-rank")
+            shot(page, "attach-other-rank")
 
             page.locator(".lm-TabBar-tab", has_text=NAME).first.click()  # back from train.py
             run_cell(page, 3)
             ran(page, 3, timeout=120)
             assert jb.finals() == expected and len(expected) == 2
         finally:
-            shot(page, "last-view")
+            shot(page, "attach-last-view")

@@ -14,13 +14,11 @@ from typing import Any
 import nbformat
 import pytest
 
-from harness.lab import REPO, WAIT_MS, Lab, cell, output_text, wait_for_kernel_idle
+from harness.lab import WAIT_MS, Lab, cell, output_text, shot, wait_for_kernel_idle
 from tests.browser.test_visual_debugger import ran, run_cell
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
-SHOTS = REPO / "artifacts" / "debug"
-SHOTS.mkdir(parents=True, exist_ok=True)
 NAME = "debugger-clicks.ipynb"
 CELLS = [
     "%load_ext distnb\n%dist_start -n 4",
@@ -30,10 +28,6 @@ CELLS = [
     "%dist_stop",
 ]
 DONE = [f"[rank {r}] {r} [20.0, 20.0, 20.0]" for r in range(4)]
-
-
-def shot(page: Any, name: str) -> None:
-    page.screenshot(path=SHOTS / f"{name}.png")
 
 
 def tensor_line(k: int) -> re.Pattern[str]:
@@ -54,15 +48,6 @@ def open_notebook(lab: Lab, page: Any) -> None:
     nbformat.write(nb, lab.root / NAME)
     page.goto(f"{lab.url}/lab/tree/{NAME}?reset&token={lab.token}", timeout=WAIT_MS)
     wait_for_kernel_idle(page)
-
-
-@pytest.fixture
-def dap_log(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The file the kernel writes the frontend's debug requests to (`DISTNB_DAP_LOG`)."""
-    path = SHOTS / "dap.log"
-    path.unlink(missing_ok=True)
-    monkeypatch.setenv("DISTNB_DAP_LOG", str(path))
-    return path
 
 
 @pytest.mark.usefixtures("chromium")  # first: skip before starting JupyterLab

@@ -15,13 +15,12 @@ from typing import Any
 import nbformat
 import pytest
 
-from harness.lab import REPO, WAIT_MS, Lab, cell, output_text, wait_for_kernel_idle
+from harness.lab import WAIT_MS, Lab, cell, output_text, shot, wait_for_kernel_idle
 from tests.browser.test_debugger_clicks import button
 from tests.browser.test_visual_debugger import ran, run_cell
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
-SHOTS = REPO / "artifacts" / "debug"
 NAME = "panel-ranks.ipynb"
 CELLS = [
     "%load_ext distnb\n%dist_start -n 2",
@@ -40,11 +39,6 @@ STEPS = [
     ("Next", "scale", 4),
     ("Step Out", "<module>", 7),
 ]
-
-
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SHOTS / f"panel-{name}.png")
 
 
 def open_notebook(lab: Lab, page: Any, name: str) -> None:
@@ -70,16 +64,6 @@ def settled(page: Any, dap_log: Path) -> None:
 
 def shown_rank(frames: Any) -> int:
     return int(re.search(r"\[rank (\d)\]", frames.first.text_content() or "").group(1))  # type: ignore[union-attr]
-
-
-@pytest.fixture
-def dap_log(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The file the kernel writes the frontend's debug requests to (`DISTNB_DAP_LOG`)."""
-    path = SHOTS / "panel-dap.log"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    monkeypatch.setenv("DISTNB_DAP_LOG", str(path))
-    return path
 
 
 @pytest.mark.usefixtures("chromium")  # first: skip before starting JupyterLab
@@ -111,7 +95,7 @@ def test_two_ranks_values_label_steps_and_terminate(dap_log: Path, lab: Lab, pag
         held.click()
         expect(frames.first).to_contain_text(f"[rank {1 - first}] scale")
         expect(held).to_contain_text(f"[rank {first}]")
-        shot(page, "other-rank-selected")
+        shot(page, "panel-other-rank-selected")
         shown = 1 - first
 
         # (a) an expanded tensor's fields, as the tree shows them: names and values
@@ -122,7 +106,7 @@ def test_two_ranks_values_label_steps_and_terminate(dap_log: Path, lab: Lab, pag
         expect(variables).to_contain_text(re.compile(r"shape:?\s*\[3\]"))
         expect(variables).to_contain_text(re.compile(r"dtype:?\s*torch\.float32"))
         expect(variables).to_contain_text(re.compile(rf"values:?\s*tensor\(\[{shown + 1}\."))
-        shot(page, "tensor-expanded")
+        shot(page, "panel-tensor-expanded")
 
         # (d) steps keep the panel on the rank shown, however long each takes
         for name, function, line in STEPS:
@@ -132,7 +116,7 @@ def test_two_ranks_values_label_steps_and_terminate(dap_log: Path, lab: Lab, pag
                 re.compile(rf"\[rank {shown}\] {function}.*:{line}\s*$")
             )
             print(f"{name}: {time.monotonic() - start:.1f} s")
-        shot(page, "after-steps")
+        shot(page, "panel-after-steps")
 
         # (b) after Terminate the bug icon says what the kernel's debugger is. Switched on from
         # this page, the icon stays lit: on, with the breakpoint, which stops the ranks again.
@@ -151,9 +135,9 @@ def test_two_ranks_values_label_steps_and_terminate(dap_log: Path, lab: Lab, pag
             expect(bug).to_have_attribute("title", title)
             run_cell(page, 2)
             expect(cell(page, 2).locator(".jp-OutputArea")).to_have_text(f"debugger on: {on}")
-            shot(page, f"terminated-{'shown-again' if shown_again else 'lit'}")
+            shot(page, f"panel-terminated-{'shown-again' if shown_again else 'lit'}")
     finally:
-        shot(page, "last-view")
+        shot(page, "panel-last-view")
         terminate = button(page, "Terminate")
         if terminate.count() and terminate.is_enabled():  # a failure left ranks stopped
             terminate.click()
