@@ -11,10 +11,10 @@ A page's examples follow `%load_ext distnb` and `%dist_start -n 2` (cell In[1]) 
 them loads distnb itself. Run folders of jobs the examples start go to the examples' folder.
 `...` in a shown output stands for what differs by machine or run (pids, hosts, ports, times),
 as in doctest, and runs of spaces compare equal (tables realign with a wider pid). At a
-debugger's prompt the shell reads what the shown output has typed there (`(Pdb) p x`), then `c`.
-Lines of the start's progress bar are left out: a notebook shows them as one bar that the table
-replaces. `--write` writes what printed, ellipses gone: put them back where the output is the
-machine's.
+debugger's prompt the shell reads what the shown output has typed there (`(Pdb) p x`), a moment
+later as a person would, then `c`. Lines of the start's progress bar are left out: a notebook
+shows them as one bar that the table replaces. `--write` writes what printed, ellipses gone: put
+them back where the output is the machine's.
 
 Used by tests/docs/test_examples.py.
 """
@@ -41,7 +41,7 @@ PAGES = (
     *sorted((ROOT / "docs" / "guide").glob("*.md")),
 )
 FENCE = re.compile(r"^```(\w*)\s*$")
-_TYPED = re.compile(r"^(?:\[ranks? [\d,-]+\] )?\((?:Pdb|ipdb)\) (.+)$", re.MULTILINE)
+_TYPED = re.compile(r"^(?:\[ranks? (?:[\d,-]+|\.\.\.)\] )?\((?:Pdb|ipdb)\) (.+)$", re.MULTILINE)
 _PROGRESS = re.compile(r"^distnb: .*\d+/\d+ \[\d\d:\d\d(:\d\d)?\]$")
 _CHECKER = doctest.OutputChecker()
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -100,11 +100,12 @@ def agrees(shown: str, printed: str) -> bool:
 # a debugger's prompt reads the example's typed lines (echoed, as a terminal shows them), then
 # `c` once they are all used
 _RUNNER = """
-import builtins, contextlib, io, json, re, sys
+import builtins, contextlib, io, json, re, sys, time
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance(colors="NoColor")
 answers = []
 def typed(prompt=""):
+    time.sleep(0.3)  # a person reads the prompt before typing: peers that stop too are there
     line = answers.pop(0) if answers else "c"
     print(prompt + line)
     return line
