@@ -52,6 +52,7 @@ NEEDS_AGENT = (
     "agent: run the job with `python -m distnb.run` instead of `torchrun`."
 )
 GAP_S = 1.0  # between the two looks at every rank that tell a hung job from a running one
+MOVED_CPU_S = 0.02  # CPU a rank outside any collective uses between them, if it runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,10 +182,18 @@ def named(jobs: Sequence[TorchrunJob], target: str) -> TorchrunJob:
 
 def looks_hung(first: Sequence[Sample], second: Sequence[Sample]) -> bool:
     """Two looks at a job's ranks (in the same order): every rank was read both times, none
-    moved (the same threads, the same frames), and at least one waits in a collective."""
+    moved, and at least one waits in a collective. A rank moved if its threads' frames changed,
+    or if it used `MOVED_CPU_S` of CPU while not in a collective: a rank of a running job can be
+    caught at the same line twice (a loop that sleeps at each step), but it computes in between;
+    a rank in a collective may spin where it waits (NCCL), so its CPU says nothing."""
+
+    def moved(a: Sample, b: Sample) -> bool:
+        spent = b.cpu_s - a.cpu_s >= MOVED_CPU_S and b.wait is None
+        return a.threads != b.threads or spent
+
     return (
         bool(second)
-        and all(a.threads and a.threads == b.threads for a, b in zip(first, second))
+        and all(a.threads and not moved(a, b) for a, b in zip(first, second))
         and any(b.wait is not None for b in second)
     )
 

@@ -13,6 +13,7 @@ again without `--native`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,12 +57,13 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One look at a process: the stack shown for it (the thread in a collective, else its main
-    thread), that collective, and every thread's frames (`threads`: to tell whether it moved
-    between two looks)."""
+    thread), that collective, every thread's frames and its main thread's CPU time so far
+    (`threads`, `cpu_s`: to tell whether it moved between two looks)."""
 
     stack: tuple[StackFrame, ...] = ()
     wait: Wait | None = None
     threads: tuple[tuple[str, tuple[StackFrame, ...]], ...] = ()
+    cpu_s: float = 0.0
 
 
 def pyspy() -> str | None:
@@ -72,6 +74,7 @@ def pyspy() -> str | None:
 
 def read(pid: int) -> Sample:
     """Process `pid` as py-spy sees it now; an empty `Sample` without py-spy or access."""
+    cpu = cpu_s(pid)
     threads = _dump(pid)
     if not threads:
         return Sample()
@@ -79,9 +82,18 @@ def read(pid: int) -> Sample:
     main = [t for t in waits if t[0] == "MainThread"] or waits
     if main:
         _, stack, wait = main[0]
-        return Sample(stack, wait, tuple(threads))
+        return Sample(stack, wait, tuple(threads), cpu)
     stack = next((f for name, f in threads if name == "MainThread"), threads[0][1])
-    return Sample(stack, None, tuple(threads))
+    return Sample(stack, None, tuple(threads), cpu)
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time process `pid`'s main thread has used (0.0 where /proc cannot tell)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def waited(stack: Sequence[StackFrame]) -> Wait | None:
