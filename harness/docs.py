@@ -102,7 +102,10 @@ def agrees(shown: str, printed: str) -> bool:
 _RUNNER = """
 import builtins, contextlib, io, json, re, sys, time
 from IPython.core.interactiveshell import InteractiveShell
-shell = InteractiveShell.instance(colors="NoColor")
+from traitlets.config import Config
+config = Config()
+config.HistoryManager.enabled = False  # run by hand too: the user's IPython history stays as it was
+shell = InteractiveShell.instance(config=config, colors="NoColor")
 answers = []
 def typed(prompt=""):
     time.sleep(0.3)  # a person reads the prompt before typing: peers that stop too are there

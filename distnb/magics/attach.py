@@ -15,6 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from distnb.errors import ConfigError, Interrupted, SessionError
 from distnb.magics.args import parse, rank_list
 from distnb.ranklist import format_ranks
+from distnb.records.attach import AgentState
 
 __all__ = ["AttachMagics"]
 
@@ -140,7 +141,7 @@ class AttachMagics(Magics):
             snaps = job.snapshots(1.0)
         except (SessionError, RuntimeError, KeyboardInterrupt):
             return f"{said}: still attached to job {run}; %dist_status shows it"
-        stopped = [s.rank for s in snaps if s.state.value in ("stopped", "held")]
+        stopped = [s.rank for s in snaps if s.state in (AgentState.STOPPED, AgentState.HELD)]
         now = f"{format_ranks(stopped)} stopped or held" if stopped else "no rank stopped"
         after = "; %dist_attach --resume lets them go on" if stopped else ""
         return f"{said}: still attached to job {run}, {now}{after}"

@@ -378,9 +378,8 @@ class Session:
     def _call_interrupted(
         self, fn: Callable[..., Any], targets: list[RankInfo], pending: list[Any]
     ) -> CallInterrupted:
-        """Ctrl-C during `call`: the ranks still in it are interrupted in turn (distnb's own
-        calls take milliseconds: one still running is stuck), and the error says where it had
-        finished."""
+        """Ctrl-C during `call`: the ranks still in it are interrupted (distnb's own calls take
+        milliseconds: one still running is stuck), and the error says where it had finished."""
         assert self._cluster is not None
         running = [t for t, ar in zip(targets, pending, strict=True) if not ar.ready()]
         self._cluster.signal(signal.SIGINT, [t.engine_id for t in running])

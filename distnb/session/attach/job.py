@@ -305,10 +305,7 @@ class AttachedJob:
         try:
             return desk.serve(self.prompts)
         except RuntimeError as exc:
-            if not connection_lost(exc):
-                raise
-            self.gone = True
-            self.link.close()
+            self._lost(exc)
             return 0.0
 
     def _held_while_stepping(self, snaps: Sequence[RankSnapshot], released: list[int]) -> list[int]:
@@ -400,6 +397,14 @@ class AttachedJob:
             raise ConfigError(f"the job has ranks 0-{len(self.ranks) - 1}; no rank {bad[0]}")
         return list(ranks)
 
+    def _lost(self, exc: RuntimeError) -> None:
+        """Note that the job has ended, if `exc` says its control plane is gone (its launcher,
+        which hosts it, has ended); else raise `exc` again."""
+        if not connection_lost(exc):
+            raise exc
+        self.gone = True
+        self.link.close()
+
     def _ask(
         self, request: AgentRequest, ranks: Sequence[int] | None, timeout_s: float = 2.0
     ) -> dict[int, Reply]:
@@ -410,10 +415,7 @@ class AttachedJob:
         try:
             replies = self.link.ask(self.ranks if ranks is None else ranks, request, timeout_s)
         except RuntimeError as exc:
-            if not connection_lost(exc):
-                raise
-            self.gone = True  # the job's launcher, which hosts its control plane, has ended
-            self.link.close()
+            self._lost(exc)
             raise SessionError(self.ended_words()) from None
         errors = {r: rep.error for r, rep in replies.items() if rep.error is not None}
         if errors:

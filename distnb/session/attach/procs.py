@@ -264,10 +264,9 @@ def stack_verdicts(snaps: Sequence[RankSnapshot]) -> list[str]:
 
 def _environ(pid: int) -> dict[str, str]:
     try:
-        raw = (Path("/proc") / str(pid) / "environ").read_bytes()
-    except OSError:
+        return dict(psutil.Process(pid).environ())
+    except psutil.Error:
         return {}
-    return dict(p.split("=", 1) for p in raw.decode(errors="replace").split("\0") if "=" in p)
 
 
 def _local_rank(pid: int) -> int:
