@@ -1,6 +1,7 @@
 """Session benchmarks: start to ready, stop, and an empty cell's round trip.
 
     python bench/bench_session.py [--repeats 5] [--cells 200]
+    python bench/bench_session.py --at-ranks 8 16 [--cells 100] [--name session-cells]
 
 Each time is a median with its 95% interval (`median_ci`: order statistics; with few values
 that is the minimum and maximum). Each ratio is the ratio of the two medians printed beside it
@@ -23,6 +24,13 @@ of its times):
   timed: a run that does not raise measures something else);
 - import: the CPU time (user + system) of a fresh Python process that imports torch, and of
   one that imports distnb, against one that imports nothing, in turns.
+
+With `--at-ranks`, only the empty cell, on a session of each size given: `session.run("")`
+against `%px`'s execute + wait for output on the same engines, and `%px` again as the control,
+in rotated rounds as above; for each, the wall time and the kernel's CPU time (`process_time`
+of this process, which plays the kernel: its main thread and ipyparallel's I/O thread) per cell.
+The CPU is what the kernel costs a cell when every rank has a core of its own; its excess over
+`%px`'s is distnb's own work.
 
 Every ratio has a control row: the peer against itself, measured the same way in the same run
 (a second raw start in each repeat, a second raw cell in each round, the shared-memory release
@@ -101,7 +109,7 @@ def stop_time(session: distnb.Session) -> float:
 
 def _runs(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -135,6 +143,68 @@ def cell_times(session: distnb.Session, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def cell_costs(
+    session: distnb.Session, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The wall time and the kernel's CPU time (this process's `process_time`) of each kind of
+    empty cell in each round (s): distnb's, `%px`'s (execute + wait for output) and `%px`'s
+    again (the control), the order rotated round by round, after uncounted warm-up rounds."""
+    view = session.cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
+
+    def px() -> None:
+        ar = view.execute("", block=False)
+        ar.get()
+        ar.wait_for_output()
+
+    kinds: dict[str, Callable[[], Any]] = {
+        "distnb": lambda: session.run(""),
+        "px": px,
+        "px again": px,
+    }
+    names = list(kinds)
+    wall: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(-WARMUP_ROUNDS, rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t, c = time.perf_counter(), time.process_time()
+            kinds[name]()
+            t, c = time.perf_counter() - t, time.process_time() - c
+            if r >= 0:
+                wall[name].append(t)
+                cpu[name].append(c)
+    return wall, cpu
+
+
+def at_ranks(worlds: list[int], rounds: int) -> None:
+    """`--at-ranks`: an empty cell's wall time and kernel CPU against `%px`'s, per session size."""
+    print(
+        f"# empty cell: {rounds} rounds of one cell of each kind (order rotated), paired per"
+        f" round; {WARMUP_ROUNDS} warm-up rounds not counted"
+    )
+    print(
+        "# times: median [95% interval of the median, order statistics];"
+        " ratio: distnb's median / %px's [95% interval, paired bootstrap]"
+    )
+    print(f"{'measure':42} {'distnb':>26} {'peer':>26} {'ratio':>20}  peer")
+    for world in worlds:
+        session = distnb.start(world, progress=False)
+        try:
+            wall, cpu = cell_costs(session, rounds)
+        finally:
+            session.stop()
+        px = "%px: execute + wait for output"
+        rows = [
+            _row(f"{world} ranks: empty cell, wall (ms)", wall["distnb"], wall["px"], 1e3, px),
+            _row("  control: %px again, wall (ms)", wall["px again"], wall["px"], 1e3, px),
+            _row(f"{world} ranks: empty cell, kernel CPU (ms)", cpu["distnb"], cpu["px"], 1e3, px),
+            _row("  control: %px again, kernel CPU (ms)", cpu["px again"], cpu["px"], 1e3, px),
+        ]
+        extra = statistics.median(cpu["distnb"]) - statistics.median(cpu["px"])
+        rows.append(f"  kernel CPU beyond %px's, {world} ranks: {extra * 1e3:.2f} ms a cell")
+        print("\n".join(rows), flush=True)
+
+
 def shapes_times(session: distnb.Session, repeats: int = 7) -> list[float]:
     session.run("g = globals()\nfor i in range(1000):\n    g[f't{i}'] = torch.zeros(8, i % 7 + 1)")
     times = []
@@ -165,7 +235,7 @@ def desync_release_times(session: distnb.Session, repeats: int = 7) -> tuple[lis
     return times, repeats
 
 
-def store_path_release_times(repeats: int = 9) -> tuple[list[float], list[float]]:
+def store_path_release_times(repeats: int = 9) -> tuple[list[float], list[float], list[float]]:
     """The desync release through the store (ranks as if on different hosts, DISTNB_SHM=0)
     and through shared memory, each on a session of its own, taking turns run by run."""
     import os
@@ -231,8 +301,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cells", type=int, default=200, help="rounds of one cell of each kind")
+    parser.add_argument(
+        "--at-ranks", type=int, nargs="+", default=[], help="only the empty cell, at these sizes"
+    )
+    parser.add_argument("--name", default="", help="bench/results/<name>.txt")
     args = parser.parse_args()
-    with saved("session"):
+    if args.at_ranks:
+        with saved(args.name or "session-cells"):
+            at_ranks(args.at_ranks, args.cells)
+        return
+    with saved(args.name or "session"):
         run(args)
 
 
