@@ -68,29 +68,48 @@ def outside_reason(waiters: Sequence[Beacon], targets: Sequence[int], noun: str)
     )
 
 
-def skipped_call(events: Sequence[CollectiveEvent], waiting: Sequence[Beacon] = ()) -> str:
+def skipped_call(
+    events: Sequence[CollectiveEvent],
+    waiting: Sequence[Beacon] = (),
+    order: Mapping[int, int] | None = None,
+) -> str:
     """Where ranks' collectives stopped lining up: the first (group, seq) whose call sites
     differ. A rank whose call there comes from the line another rank reaches next skipped the
     call before it; otherwise the sites are only listed. Read after a desync, from every rank's
-    recorded events of the run and the beacons of the ranks that were left waiting."""
+    recorded events of the run and the beacons of the ranks that were left waiting. Where
+    several ranks fit, the first in `order` (rank -> its place; default: by rank) is named.
+
+    One pass over the calls at that (group, seq), at any number of ranks: for each line, the
+    first rank (in order) that reaches it next from another line."""
     at: dict[tuple[str, int], dict[int, tuple[str, str]]] = defaultdict(dict)
     for e in events:
         at[(e.group, e.seq)][e.rank] = (e.op, str(e.site))
     for w in waiting:
         at[(w.group, w.seq)][w.rank] = (w.op, str(w.site))
+    places = order or {}
+
+    def place(rank: int) -> tuple[int, int]:
+        return places.get(rank, len(places)), rank
+
     for group, seq in sorted(at, key=lambda k: k[1]):
         calls = at[(group, seq)]
         if len({site for _, site in calls.values()}) < 2:
             continue
         later = at.get((group, seq + 1), {})
-        for rank, (_, site) in sorted(calls.items()):
-            for q, (op, other) in sorted(calls.items()):
-                if other != site and later.get(q, ("", ""))[1] == site:
-                    return (
-                        f"rank {rank} skipped {op} #{seq} at {other} (rank {q} called it); "
-                        f"rank {rank}'s #{seq} was its call at {site}"
-                    )
-        at_sites = [(r, site) for r, (_, site) in sorted(calls.items())]
+        ranked = sorted(calls.items(), key=lambda kv: place(kv[0]))
+        reached: dict[str, tuple[int, str, str]] = {}  # a line -> who reaches it next, from where
+        for q, (op, other) in ranked:
+            next_site = later.get(q, ("", ""))[1]
+            if next_site != other and next_site not in reached:
+                reached[next_site] = (q, op, other)
+        for rank, (_, site) in ranked:
+            if site in reached:
+                q, op, other = reached[site]
+                return (
+                    f"rank {rank} skipped {op} #{seq} at {other} (rank {q} called it); "
+                    f"rank {rank}'s #{seq} was its call at {site}"
+                )
+        at_sites = [(r, site) for r, (_, site) in ranked]
         if len(at_sites) >= GROUP_FROM:  # ranks at one site: one part
             sites = ", ".join(f"{format_ranks(rs)} at {s}" for rs, s in same_ranks(at_sites))
         else:

@@ -20,16 +20,14 @@ that has ended, and calls that do not fit, need no patience.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from distnb.judgement.circles import cycle_reason, find_cycle
 from distnb.judgement.desync import desync_reason, skipped_call
 from distnb.judgement.matching import canonical_op, match
 from distnb.ranklist import format_ranks
-from distnb.records.attach import AgentState, RankSnapshot
+from distnb.records.attach import AgentState, OpenCall, RankSnapshot
 from distnb.records.beacon import Beacon, BeaconState
 from distnb.records.collective import CollectiveEvent, Fingerprint, Mismatch
 
@@ -60,17 +58,20 @@ def patience_s(events: Iterable[CollectiveEvent]) -> float:
 def beacons(snapshots: Sequence[RankSnapshot]) -> list[Beacon]:
     """A beacon for each rank in a collective: what it waits at, and for which members (those
     that have not entered that collective yet)."""
-    counts = {s.rank: s for s in snapshots}
+    entered = {s.rank: dict(s.calls) for s in snapshots if s.source == "agent"}
+    # The members that have not entered a call, found once per call: the ranks waiting in one
+    # collective all ask about the same members, and asking per rank is N x N at N ranks
+    absent: dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     found = []
     for s in snapshots:
         call = s.current
         if call is None or s.state in _QUIET:
             continue
-        missing = tuple(
-            m
-            for m in call.members
-            if m != s.rank and _count(counts.get(m), call.group_name) <= call.seq
-        )
+        at = (call.group_name, call.seq)
+        known = absent.get(at)
+        if known is None or (known[0] is not call.members and known[0] != call.members):
+            known = absent[at] = (call.members, _absent(call, entered))
+        missing = tuple(m for m in known[1] if m != s.rank)
         found.append(
             Beacon(
                 rank=s.rank,
@@ -89,9 +90,14 @@ def beacons(snapshots: Sequence[RankSnapshot]) -> list[Beacon]:
     return found
 
 
-def _count(s: RankSnapshot | None, group_name: str) -> int:
-    """Collectives a rank has entered on a group; one that never answered counts as none."""
-    return -1 if s is None or s.source != "agent" else s.count(group_name)
+def _absent(call: OpenCall, entered: Mapping[int, Mapping[str, int]]) -> tuple[int, ...]:
+    """The members of `call` that have not entered it (by the collectives each has entered on
+    its group); a rank that never answered has entered none."""
+    return tuple(
+        m
+        for m in call.members
+        if m not in entered or entered[m].get(call.group_name, 0) <= call.seq
+    )
 
 
 def verdicts(
@@ -200,15 +206,11 @@ def _skipped(
 ) -> str:
     """`skipped_call` over the records, the rank that made the fewest calls tried first: where
     the records alone cannot tell whether one rank skipped a call or its peer made an extra
-    one (`skipped_call` names the first rank that fits), the rank behind skipped it. Ranks are
-    renumbered for the call and named back in its sentence."""
+    one (`skipped_call` names the first rank that fits), the rank behind skipped it."""
     made = {s.rank: sum(n for _, n in s.calls) for s in snapshots}
     order = sorted({*events, *(w.rank for w in blocked)}, key=lambda r: (made.get(r, 0), r))
-    new = {r: i for i, r in enumerate(order)}
-    renamed = [replace(e, rank=new[e.rank]) for r in order for e in events.get(r, ())]
-    waiting = [replace(w, rank=new[w.rank]) for w in blocked]
-    sentence = skipped_call(renamed, waiting)
-    return re.sub(r"rank (\d+)", lambda m: f"rank {order[int(m.group(1))]}", sentence)
+    recorded = [e for r in order for e in events.get(r, ())]
+    return skipped_call(recorded, blocked, {r: i for i, r in enumerate(order)})
 
 
 def _by_call(ws: Sequence[Beacon]) -> dict[tuple[str, int], list[Beacon]]:

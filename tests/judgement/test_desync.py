@@ -51,3 +51,27 @@ def test_diverging_sites_without_a_skip_are_listed() -> None:
         "the ranks' collectives stop lining up at #0 on WORLD: "
         "rank 0 at cell In[5] line 3, rank 1 at cell In[5] line 7"
     )
+
+
+def test_where_several_ranks_fit_the_first_in_the_order_given_is_named() -> None:
+    # ranks 0 and 2 called line 3 then line 4; rank 1 called line 4 at #0 and line 3 at #1:
+    # rank 1 skipped line 3, or ranks 0 and 2 skipped line 4 (the records cannot tell)
+    events = [event(r, s, 3 + (s + (r == 1)) % 2) for r in (0, 1, 2) for s in (0, 1)]
+    by_rank = skipped_call(events)
+    assert by_rank.startswith("rank 0 skipped all_reduce #0 at cell In[5] line 4 (rank 1 ")
+    behind_first = skipped_call(events, order={1: 0, 0: 1, 2: 2})
+    assert behind_first.startswith("rank 1 skipped all_reduce #0 at cell In[5] line 3 (rank 0 ")
+
+
+def test_many_ranks_at_two_sites_are_listed_by_their_own_numbers_in_any_order() -> None:
+    at_7 = {3, 5}
+    events = [event(r, 0, 7 if r in at_7 else 3) for r in range(12)]
+    expected = (
+        "the ranks' collectives stop lining up at #0 on WORLD: ranks 0-2,4,6-11 at cell In[5] "
+        "line 3, ranks 3,5 at cell In[5] line 7"
+    )
+    assert skipped_call(events) == expected
+    assert skipped_call(events, order={r: (r - 5) % 12 for r in range(12)}) == (
+        "the ranks' collectives stop lining up at #0 on WORLD: ranks 3,5 at cell In[5] line 7, "
+        "ranks 0-2,4,6-11 at cell In[5] line 3"
+    )

@@ -113,3 +113,50 @@ def test_a_call_every_member_is_in_that_never_completes_points_below_python() ->
     (found,) = snapshot.verdicts(stuck, paced(2.0))
     assert found.startswith("ranks 0-1 are in all_reduce #43 on WORLD (train.py:52), which every")
     assert "for 29.0 s: the transport" in found
+
+
+class Members(tuple[int, ...]):
+    """A call's members that count how often they are read through."""
+
+    reads = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        Members.reads += 1
+        return super().__iter__()
+
+
+def test_a_hang_of_thousands_of_ranks_reads_each_call_s_members_once() -> None:
+    # rank 1 left the loop; the 4,095 others wait for it in all_reduce #43, entered long ago
+    n = 4096
+    members = Members(range(n))
+    waiting = OpenCall("WORLD", "0", 43, "all_reduce", members, SITE, age_s=30.0)
+    snaps = [rank(1, 43, stack=(ELSEWHERE,))]
+    snaps += [rank(r, 44, waiting) for r in range(n) if r != 1]
+    Members.reads = 0
+    found = snapshot.beacons(snaps)
+    assert Members.reads == 1  # not once per waiting rank: n x n at n ranks
+    assert [b.rank for b in found] == [0, *range(2, n)]
+    assert all(b.waiting_for == (1,) for b in found)
+    assert snapshot.verdicts(snaps, paced(2.0)) == [
+        "rank 1 runs at train.py:62 (time.sleep(3600)) without calling all_reduce #43 on WORLD, "
+        f"which ranks 0,2-{n - 1} wait at train.py:52"
+    ]
+
+
+def test_the_skip_among_many_ranks_names_the_ranks_by_their_own_numbers() -> None:
+    # 12 ranks waiting in all_reduce #1 for a 13th that never answered; ranks 3 and 5 made
+    # their #0 at another line, and nothing says which call was skipped: the sites are listed,
+    # by the ranks' own numbers
+    line_7, line_9 = CallSite("train.py", 7), CallSite("train.py", 9)
+    events = {
+        r: [CollectiveEvent(r, "WORLD", 0, "all_reduce", 32, line_7 if r in (3, 5) else SITE,
+                            0, 0, 10**6)]
+        for r in range(12)
+    }  # fmt: skip
+    at_1 = OpenCall("WORLD", "0", 1, "all_reduce", (*range(12), 12), line_9, age_s=30.0)
+    snaps = [rank(r, 2 + (r < 6), at_1) for r in range(12)]  # ranks 6-11 behind: tried first
+    found = snapshot.verdicts(snaps, events)
+    assert found[-1] == (
+        "the ranks' collectives stop lining up at #0 on WORLD: ranks 0-2,4,6-11 at train.py:52, "
+        "ranks 3,5 at train.py:7"
+    )
