@@ -5,6 +5,7 @@ queue, a rank killed on a node and a killed kernel."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -17,10 +18,10 @@ import pytest
 import distnb
 from distnb.errors import CollectiveMismatchError, DistnbWarning, SessionError
 from distnb.session import Session
-from harness.hosts import Lan, missing
+from harness.hosts import Host, Lan, missing
 from harness.slurm import Slurm
 from harness.slurm import missing as slurm_missing
-from tests.multihost.conftest import engines_on
+from tests.multihost.conftest import engines_on, forked_on
 from tests.multihost.test_ssh_faults import gone_within, lose_rank_1
 
 pytestmark = [
@@ -95,6 +96,51 @@ def test_a_job_of_its_own_runs_ranks_on_two_nodes_with_the_options_given(
     assert profiles(slurm) == []
 
 
+def forkers_on(host: Host) -> dict[int, list[int]]:
+    """`forked_on`, less srun's processes on the job's first node (their command line names the
+    forker they run)."""
+    rows = (row.split(None, 1) for row in host.processes())
+    sruns = {int(row[0]) for row in rows if len(row) == 2 and row[1].startswith("srun ")}
+    return {f: e for f, e in forked_on(host).items() if f not in sruns}
+
+
+# Each rank: its node, its parent (pid, whether it loaded libtorch, its command line), the torch
+# module it runs, and the Slurm task it took the place of.
+FORKED = (
+    "import os, socket, sys\n"
+    "parent = f'/proc/{os.getppid()}'\n"
+    "(socket.gethostname(), os.getppid(), 'libtorch' in open(f'{parent}/maps').read(), "
+    "open(f'{parent}/cmdline').read().split('\\0')[1:4], id(sys.modules['torch']), "
+    "os.environ['SLURM_PROCID'])"
+)
+
+
+def test_the_engines_of_a_node_are_forked_by_one_task_that_imported_torch(
+    lan: Lan, slurm: Slurm
+) -> None:
+    """A job of 2 nodes of 2 tasks: on each node one forker (the node's first task), the parent
+    of the node's engines, which inherit its torch; the node's other task holds its place; rank r
+    is Slurm's task r. The stop ends them all."""
+    s = start(lan, 4, slurm="--ntasks-per-node 2")
+    try:
+        seen = [ast.literal_eval(s.run(FORKED).result(r)) for r in range(4)]
+        assert [task for *_, task in seen] == ["0", "1", "2", "3"]
+        for host, ranks in zip(lan.hosts, ((0, 1), (2, 3)), strict=True):
+            forkers = forkers_on(host)
+            (forker, engines), *others = [(f, e) for f, e in forkers.items() if e]
+            assert not others and sorted(engines) == sorted(s.ranks[r].pid for r in ranks)
+            assert [f for f, e in forkers.items() if not e] != []  # the other task, holding
+            names, parents, loaded, commands, modules, _ = zip(*(seen[r] for r in ranks))
+            assert set(names) == {host.name} and set(parents) == {forker}
+            assert all(loaded) and len(set(modules)) == 1  # one torch, the forker's
+            assert commands[0] == ["-m", "distnb.rank.forks", "slurm"]
+            assert not [p for p in host.processes() if "distnb.rank.engine" in p]
+    finally:
+        s.stop()
+    assert no_jobs_within(slurm, 30)
+    assert not [p for h in lan.hosts for p in h.processes() if "distnb.rank" in p]
+
+
 ALLOCATED = """
 import json, os, sys
 import distnb
@@ -113,6 +159,36 @@ def test_inside_an_allocation_the_ranks_are_a_step_of_it(lan: Lan, slurm: Slurm)
     job, ranks = json.loads(done.stdout.splitlines()[-1])
     assert sorted(ranks) == [f"('{h}', '{job}', '0')" for h in ("h2", "h3")]  # n: the allocation's
     assert no_jobs_within(slurm, 30)
+
+
+FORKED_STEP = f"""
+import json, sys
+import distnb
+s = distnb.start(engines="slurm", host=sys.argv[1], progress=False)
+print(json.dumps([s.run({FORKED!r}).result(r) for r in range(len(s.ranks))]))
+s.stop()
+"""
+
+
+def test_inside_an_allocation_each_node_forks_its_ranks(lan: Lan, slurm: Slurm) -> None:
+    """The step of an allocation of 2 nodes of 2 tasks: each node's ranks are children of one
+    forker that loaded torch; rank r is task r of the step."""
+    salloc = ["salloc", "--quiet", "-n", "4", "--ntasks-per-node", "2"]
+    done = slurm.command(*salloc, sys.executable, "-c", FORKED_STEP, lan.kernel_addr, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = [ast.literal_eval(r) for r in json.loads(done.stdout.splitlines()[-1])]
+    assert [(name, task) for name, *_, task in seen] == [
+        ("h2", "0"),
+        ("h2", "1"),
+        ("h3", "2"),
+        ("h3", "3"),
+    ]
+    for ranks in ((0, 1), (2, 3)):
+        _, parents, loaded, commands, modules, _ = zip(*(seen[r] for r in ranks))
+        assert len(set(parents)) == 1 and all(loaded) and len(set(modules)) == 1
+        assert commands[0] == ["-m", "distnb.rank.forks", "slurm"]
+    assert no_jobs_within(slurm, 30)
+    assert not [p for h in lan.hosts for p in h.processes() if "distnb.rank" in p]
 
 
 def test_what_sbatch_refuses_is_said_at_once(lan: Lan, slurm: Slurm) -> None:

@@ -7,6 +7,17 @@ Anywhere else they are a job of their own, submitted with ipyparallel's Slurm la
 (`sbatch` running `srun`). Either way the user's Slurm options (`--partition`, `--time`,
 `--account`, `--gres`, ...) go to that one command, as they would type them.
 
+Each task of that srun is a rank, placed and numbered by Slurm: the user's options say how many
+tasks a node gets (`--ntasks-per-node 2`, `-N 2`, `-m cyclic`), and without them Slurm spreads
+the `n` tasks over the allocation as it does any step's; rank r is task r (`SLURM_PROCID`), on
+the node Slurm put task r on. distnb does not place ranks itself, so they land where the same
+srun of engines started alone would put them, holding the same resources. What changes is what a
+task runs (`distnb.rank.slurm_tasks`): on each node the first task imports torch once and forks
+one engine per task of the node, each with that task's environment and CPUs; the node's other
+tasks hand their places over and hold them until the forker ends. So a start costs one torch
+import per node, as over ssh, and the engines' logs and exit statuses stay in the profile's
+`forks/NODE/` folders (a failed engine's last lines also go to the job's output).
+
 A submitted job is watched while its engines register: pending, it is shown with Slurm's reason;
 ended (a wrong option the queue only refuses later, a node failure, an engine that cannot
 start), it is named at once with its output instead of after the register timeout. Slurm's
@@ -27,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distnb.errors import ConfigError, warn
-from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, EngineKind, engine_command
+from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, FORKS, EngineKind, forks_folder
 from distnb.session.cluster.teardown import LIFELINE_BOUND_S
 from distnb.session.control import is_loopback
 
@@ -47,6 +58,8 @@ _ENDED = {
     "REVOKED",
     "TIMEOUT",
 }
+# In place of the forker's count: it is one of a step's tasks (`distnb.rank.forks.SLURM`).
+_TASKS = "slurm"
 _GONE = ("already completing or completed", "Invalid job id")  # scancel: nothing to cancel
 
 
@@ -83,8 +96,9 @@ class Slurm(EngineKind):
         return _engine_set()
 
     def launcher_settings(self) -> dict[str, Any]:
-        """distnb's engine, and the user's options for srun or sbatch."""
-        engine_cmd = engine_command(self.python)
+        """distnb's forker of engines (see the module), and the user's options for srun or
+        sbatch."""
+        engine_cmd = [self.python, "-m", FORKS]
         if allocation():
             return {"engine_cmd": engine_cmd, "mpi_cmd": ["srun"], "mpi_args": list(self.args)}
         return {"engine_cmd": engine_cmd, "submit_command": ["sbatch", *self.args]}
@@ -126,7 +140,7 @@ def _engine_set() -> type:
         class Step(MPIEngineSetLauncher):  # type: ignore[misc]
             @property
             def program(self) -> list[str]:
-                return list(self.engine_cmd)  # no `--mpi`: srun starts no MPI
+                return _program(self)  # no `--mpi`: srun starts no MPI
 
         return Step
     from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
@@ -136,6 +150,7 @@ def _engine_set() -> type:
             super().__init__(**kwargs)
             # In the profile folder, not the kernel's working folder (ipyparallel's place).
             self.batch_file = os.path.join(self.profile_dir, self.batch_file_name)
+            self.program = _program(self)
 
         def _run_command(self, command: list[str], **kwargs: Any) -> str:
             return _run(command, env=kwargs.get("env"))
@@ -152,6 +167,12 @@ def _engine_set() -> type:
                 return ""
 
     return Job
+
+
+def _program(launcher: Any) -> list[str]:
+    """What srun runs as each task: the forker, told it is one of a step's tasks (see the
+    module), and where the forked engines keep their logs."""
+    return [*launcher.engine_cmd, _TASKS, forks_folder(launcher.profile_dir)]
 
 
 def waiting(engine_sets: list[Any]) -> str:
