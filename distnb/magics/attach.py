@@ -13,9 +13,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from distnb.errors import ConfigError, Interrupted, SessionError
-from distnb.magics.args import parse, rank_list
+from distnb.magics.args import parse, rank_list, whole
 from distnb.ranklist import format_ranks
 from distnb.records.attach import AgentState
+from distnb.views.display import show
 
 __all__ = ["AttachMagics"]
 
@@ -56,6 +57,7 @@ class AttachMagics(Magics):
     @argument("--if", dest="cond", default=None, help="--break: only where this is true")
     @argument("--debug", action="store_true", help="answer the stopped ranks' debugger here")
     @argument("--panel", action="store_true", help="the stopped ranks in JupyterLab's debugger")
+    @argument("--profile", default=None, help="profile the next N optimizer steps: who is slow")
     @argument("--resume", action="store_true", help="let stopped and held ranks go on")
     @argument("--detach", action="store_true", help="let the job go on as it would have")
     @line_magic
@@ -63,7 +65,9 @@ class AttachMagics(Magics):
         """Attach to a job distnb did not start (`python -m distnb.run ... train.py`):
         `%dist_attach [RUN]` shows each rank's state, the verdicts and the live stacks;
         `--stop [--at step|now] [--ranks 0]`, `--break train.py:52 [--if COND]`, `--debug`,
-        `--panel` (the stopped ranks in JupyterLab's debugger panel), `--resume`, `--detach`.
+        `--panel` (the stopped ranks in JupyterLab's debugger panel), `--resume`, `--detach`;
+        `--profile N [--ranks 0-3]` profiles every rank's next N optimizer steps and shows them
+        by phase, with who is slow and why.
         While a job is attached, `%dist_status`, `%dist_shapes`, `%dist_diff`,
         `%dist_overflow` and `%dist_timeline` act on it (on the frames its stopped ranks are
         stopped in). `--no-agent`: a plain torchrun job, py-spy stacks only: the only one on
@@ -114,6 +118,13 @@ class AttachMagics(Magics):
                 doing = "let the ranks go on"
                 job.resume(ranks)
                 return print(f"distnb: {which} go on")
+            if args.profile is not None:
+                steps = whole(args.profile, "--profile")
+                doing = "asked the ranks for a profile"
+                job.profile(steps, ranks)
+                print(f"distnb: {profiling_steps(steps)}")
+                doing = "waited for the profile"
+                return show(job.profile_report())
             if args.stop or args.where:
                 return None
             doing = "read the ranks' status"
@@ -136,6 +147,11 @@ class AttachMagics(Magics):
             return (
                 f"{said}: still attached to job {run}; the stop was asked, and the ranks stop "
                 "as asked (%dist_status shows where, %dist_attach --resume lets them go on)"
+            )
+        if "profile" in doing:
+            return (
+                f"{said}: still attached to job {run}; the ranks profile the steps asked "
+                "(%dist_profile --report shows them once they have)"
             )
         try:
             snaps = job.snapshots(1.0)
@@ -207,3 +223,10 @@ def _stopping(job: Any, chosen: list[int], at: str) -> str:
 def _where(snap: Any) -> str:
     top = snap.stack[-1] if snap.stack else None
     return snap.where or (f"{top.file}:{top.line} in {top.function}" if top else "?")
+
+
+def profiling_steps(steps: int | None) -> str:
+    """What a profile asked of an attached job records (`%dist_attach --profile`,
+    `%dist_profile` on an attached job)."""
+    which = f"the next {steps} optimizer steps" if steps else "the optimizer steps until --report"
+    return f"profiling {which}, from the end of the step each rank is in"

@@ -22,6 +22,7 @@ from distnb.magics.args import (
     size,
     whole,
 )
+from distnb.magics.attach import profiling_steps
 from distnb.session import Session, start
 from distnb.session.automode import AutoMode
 from distnb.session.options import REGISTER_TIMEOUT_S
@@ -251,12 +252,13 @@ class DistMagics(Magics):
     def dist_profile(self, line: str) -> None:
         """Profile the next cells on every rank: `%dist_profile [--steps N] [--ranks 0-1]`, then
         `%dist_profile --report [--export PATH.json]` shows each rank's steps by phase and who
-        is slow and why (`%%allranks --profile` does both for one cell)."""
+        is slow and why (`%%allranks --profile` does both for one cell). On an attached job:
+        its next N optimizer steps (without --steps: until --report)."""
         args = parse(self.dist_profile, line)
-        session = self._running()
+        target = self.target()
         try:
             if args.report:
-                view = session.profile_report()
+                view = target.profile_report()
                 if args.export:
                     view.export_chrome_trace(args.export)
                     print(f"distnb: wrote {args.export} (open it in https://ui.perfetto.dev)")
@@ -266,11 +268,14 @@ class DistMagics(Magics):
                     "--export goes with --report: %dist_profile --report --export p.json"
                 )
             steps = whole(args.steps, "--steps") if args.steps is not None else None
-            session.profile(steps, ranks=rank_list(args.ranks))
+            target.profile(steps, ranks=rank_list(args.ranks))
         except (ConfigError, SessionError) as exc:
             raise UsageError(str(exc)) from None
-        until = f" until {steps} optimizer steps" if steps else ""
-        print(f"distnb: profiling the next cells{until}; %dist_profile --report shows them")
+        if target is self.session:
+            until = f" until {steps} optimizer steps" if steps else ""
+            print(f"distnb: profiling the next cells{until}; %dist_profile --report shows them")
+        else:
+            print(f"distnb: {profiling_steps(steps)}; %dist_profile --report shows them")
 
     @magic_arguments()
     @argument("name", nargs="?", default=None, help="the module in each rank's namespace")

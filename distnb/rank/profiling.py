@@ -6,6 +6,13 @@ optimizer steps have ended (the window is cut there, the profiler stops after th
 kernel calls `collect()`, which stops it and returns a `RankProfile`: the profiler's events as
 plain spans on this rank's monotonic clock (the clock of its `CollectiveEvent`s).
 
+A rank of an attached job (`distnb.rank.agent`) has no cells: there the notebook asks (`ask`,
+from the agent's serving thread) for a profile of the next optimizer steps, which the main
+thread starts and stops at step boundaries (`at_step`, the agent's step hook): one window from
+the end of the step it was asked in, to the end of the last step profiled, or of the step in
+which the notebook asked it to end (`report(end=True)`). `report` hands the profile over once
+the profiler has stopped.
+
 While armed, modules' forwards are named in the profile (global forward hooks open a
 `record_function("nn.Module: <class>")`), which torch's profiler does not do by itself; their
 backward ops are found by autograd's sequence numbers and named after them too. Nothing
@@ -26,9 +33,9 @@ from torch.autograd.profiler import record_function
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distnb.errors import SessionError
-from distnb.records.profiling import RankProfile, Span, SpanKind
+from distnb.records.profiling import Profiled, RankProfile, Span, SpanKind
 
-__all__ = ["MAX_SPANS", "arm", "armed", "collect"]
+__all__ = ["MAX_SPANS", "arm", "armed", "ask", "at_step", "collect", "drop", "report"]
 
 MAX_SPANS = 100_000  # per rank and profile; the newest are kept
 _MARK = "distnb: clock"
@@ -37,9 +44,7 @@ _MARK = "distnb: clock"
 class _Armed:
     """One rank's profile in the making: its hooks, its profiler, its windows."""
 
-    def __init__(self, rank: int, steps: int | None) -> None:
-        from IPython import get_ipython
-
+    def __init__(self, rank: int, steps: int | None, cells: bool = True) -> None:
         self.rank, self.limit, self.steps = rank, steps, 0
         self.profiler: Any = None
         self.windows: list[list[int]] = []
@@ -48,13 +53,18 @@ class _Armed:
         self.offset_ns, self.precision_ns, self.cost_ns = 0, 0, 0
         self.done = False  # the step limit was reached: no more windows
         self.stopped = False
+        self.finished = False  # stopped, its hooks removed: its events can be read (`report`)
         self.modules: list[Any] = []  # open record_functions of modules' forwards
-        self.shell = get_ipython()
+        self.shell: Any = None
         self.handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
             torch.nn.modules.module.register_module_forward_hook(self._exit),
-            register_optimizer_step_post_hook(self._stepped),
         ]
+        if cells:  # an attached rank's steps come from its agent's step hook (`at_step`)
+            from IPython import get_ipython
+
+            self.shell = get_ipython()
+            self.handles.append(register_optimizer_step_post_hook(self._stepped))
         if self.shell is not None:
             self.shell.events.register("pre_run_cell", self._pre)
             self.shell.events.register("post_run_cell", self._post)
@@ -66,7 +76,8 @@ class _Armed:
             return
         if self.profiler is None:
             self._start()
-        self.runs.append(_run_id())
+        if self.shell is not None:
+            self.runs.append(_run_id())
         self.windows.append([time.monotonic_ns(), 0])
 
     def _post(self, result: Any = None) -> None:
@@ -76,12 +87,17 @@ class _Armed:
         if self.done:
             self._stop()
 
-    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _stepped(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
         self.steps += 1
-        if self.limit is not None and self.steps >= self.limit and not self.done:
-            self.done = True  # the profiler stops after this cell: not inside a step's record
-            if self.windows and not self.windows[-1][1]:
-                self.windows[-1][1] = time.monotonic_ns()
+        if self.limit is not None and self.steps >= self.limit:
+            self._last_step()
+
+    def _last_step(self) -> None:
+        """No more windows; this one ends here. In a cell the profiler stops after the cell,
+        not inside the step's record."""
+        self.done = True
+        if self.windows and not self.windows[-1][1]:
+            self.windows[-1][1] = time.monotonic_ns()
 
     # --- modules ---------------------------------------------------------------------------
 
@@ -172,6 +188,68 @@ def collect() -> RankProfile | None:
         return None
     state.remove()
     return state.profile()
+
+
+# --- an attached job's rank: steps, not cells ------------------------------------------------
+
+_steps: _Armed | None = None  # made, started and stopped on the main thread, at steps
+_asked: list[int | None] = []  # a profile asked for (its step count), begun at the next step
+_end = False  # the notebook asked the profile under way to end at the next step
+_drop = False  # ... and to be dropped (the notebook detached)
+
+
+def ask(steps: int | None) -> None:
+    """(The agent's serving thread) profile this rank's optimizer steps from the end of its next
+    one: `steps` of them, or until `report(end=True)`. A profile under way is dropped."""
+    global _end, _drop
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps is how many optimizer steps to profile, 1 or more; got {steps}")
+    _end = _drop = False
+    _asked[:] = [steps]
+
+
+def drop() -> None:
+    """(The serving thread) forget a profile asked or under way; it stops at the next step."""
+    global _steps, _end, _drop
+    _asked.clear()
+    if _steps is not None and _steps.finished:
+        _steps = None
+    elif _steps is not None:
+        _end = _drop = True
+
+
+def at_step(rank: int) -> None:
+    """(The main thread, after each optimizer step) count the step for the profile under way,
+    stop it at its last step, start the one asked for."""
+    global _steps, _end, _drop
+    job = _steps
+    if job is not None and not job.stopped:
+        job._stepped()
+        if (_end or _asked) and not job.done:
+            job._last_step()
+        if job.done:  # inside the step's record: its profiler event ends here
+            job.remove()
+            job._stop()
+            job.finished, _end = True, False
+        if _drop:
+            _steps, _drop = None, False
+    if _asked:
+        _steps = _Armed(rank, _asked.pop(), cells=False)
+        _steps._pre()
+
+
+def report(end: bool = False) -> Profiled:
+    """(The serving thread) how the profile stands, with the profile once it has stopped
+    (handed over once); `end`: end a profile asked without a step count at the next step."""
+    global _steps, _end
+    job = _steps
+    if job is None:
+        return Profiled(asked=bool(_asked), steps=0, limit=_asked[0] if _asked else None)
+    if not job.finished:
+        _end = _end or (end and job.limit is None)
+        return Profiled(asked=True, steps=job.steps, limit=job.limit)
+    _steps = None
+    return Profiled(asked=True, steps=job.steps, limit=job.limit, profile=job.profile())
 
 
 # --- events to spans -----------------------------------------------------------------------

@@ -4,7 +4,8 @@ Both sides import what they write and read from here; nothing is an ad-hoc dict,
 is written on both sides. Three channels, each a tagged union of records (the codec's `kind`):
 
 - to a rank's serving thread (`keys.agent_request`, answered under `keys.agent_reply`):
-  `AgentRequest` = `Status` | `Events` | `Stop` | `Hold` | `Release` | `Break` | `Detach`,
+  `AgentRequest` = `Status` | `Events` | `Stop` | `Hold` | `Release` | `Break` | `Detach` |
+  `Profile` | `ProfileReport`,
   written by `dumps_request` and read by `loads_request`;
 - to a stopped rank's debugger prompt (`keys.answer`), besides the pdb commands the user types:
   `PromptAnswer` = `Execute` (code in the stopped frame) | `Call` (a `FrameQuery` over the frame's
@@ -142,7 +143,25 @@ class Detach(Record):
     kind: ClassVar[str] = "detach"
 
 
-AgentRequest = Status | Events | Stop | Hold | Release | Break | Detach
+@dataclass(frozen=True, slots=True)
+class Profile(Record):
+    """Profile the rank's next `steps` optimizer steps with `torch.profiler` (None: until a
+    `ProfileReport` ends it), from the end of the step it is in (`distnb.rank.profiling`)."""
+
+    kind: ClassVar[str] = "profile"
+    steps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileReport(Record):
+    """How the rank's profile stands: a `Profiled`, with the profile once it has stopped;
+    `end`: end a profile asked without a step count at the rank's next step."""
+
+    kind: ClassVar[str] = "profile_report"
+    end: bool = False
+
+
+AgentRequest = Status | Events | Stop | Hold | Release | Break | Detach | Profile | ProfileReport
 
 
 # --- a stopped rank's frame: what `Call` asks of it --------------------------------------------

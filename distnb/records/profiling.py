@@ -18,7 +18,7 @@ from enum import Enum
 
 from distnb.records.codec import Record
 
-__all__ = ["RankProfile", "Span", "SpanKind"]
+__all__ = ["Profiled", "RankProfile", "Span", "SpanKind"]
 
 
 class SpanKind(str, Enum):
@@ -65,3 +65,15 @@ class RankProfile(Record):
     clock_precision_ns: int = 0
     dropped: int = 0
     cost_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Profiled(Record):
+    """How an attached job's rank's profile stands (`distnb.rank.profiling.report`): `asked`
+    (a profile was asked of this rank and not handed over yet), `steps` profiled so far of
+    `limit` (None: until the notebook ends it), and `profile` once the profiler has stopped."""
+
+    asked: bool
+    steps: int = 0
+    limit: int | None = None
+    profile: RankProfile | None = None

@@ -3,8 +3,9 @@
 A session's ranks and an attached job's ranks are the same thing to the tools: ranks you can
 call into, a live namespace (`distnb.Session`) or the frames stopped ranks are stopped in
 (`distnb.session.attach.AttachedJob`). `%dist_shapes`, `%dist_diff`, `%dist_overflow`,
-`%dist_pull`, `%dist_push`, `%dist_timeline` and `%dist_status` act on the current target: the
-attached job while one is attached, else the session (`distnb.magics.dist.DistMagics.target`).
+`%dist_pull`, `%dist_push`, `%dist_timeline`, `%dist_profile` and `%dist_status` act on the
+current target: the attached job while one is attached, else the session
+(`distnb.magics.dist.DistMagics.target`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from distnb.ranklist import RankArg
     from distnb.views.overflow import OverflowView
+    from distnb.views.profiling import ProfileView
     from distnb.views.replicas import ReplicaView
     from distnb.views.shapes import ShapeTableView
 
@@ -44,4 +46,6 @@ class Target(Protocol):
     def push(
         self, ranks: RankArg | None = None, limit: int | None = None, **values: Any
     ) -> None: ...
+    def profile(self, steps: int | None = None, ranks: RankArg | None = None) -> None: ...
+    def profile_report(self) -> ProfileView: ...
     def status(self) -> Any: ...

@@ -23,6 +23,8 @@ from distnb.records.agent import (
     Listen,
     Listening,
     Panel,
+    Profile,
+    ProfileReport,
     PromptAnswer,
     Pull,
     Push,
@@ -45,6 +47,7 @@ from distnb.records.agent import (
 )
 from distnb.records.collective import CallSite, CollectiveEvent, Fingerprint, TensorSpec
 from distnb.records.overflow import Phase, WatchOptions
+from distnb.records.profiling import Profiled, RankProfile, Span, SpanKind
 
 REQUESTS: list[AgentRequest] = [
     Status(),
@@ -57,6 +60,10 @@ REQUESTS: list[AgentRequest] = [
     Break("train.py", 52),
     Break("/abs/train.py", 3, cond="step > 2", check=True),
     Detach(),
+    Profile(),
+    Profile(steps=20),
+    ProfileReport(),
+    ProfileReport(end=True),
 ]
 QUERIES: list[FrameQuery] = [
     Shapes(),
@@ -83,6 +90,17 @@ def test_every_request_round_trips_through_strict_json(request_: AgentRequest) -
     assert json.loads(text)["kind"] == request_.kind
     assert loads_request(text) == request_
     assert loads_request(text.encode()) == request_  # as the store gives it back
+
+
+def test_a_profile_comes_back_whole_through_strict_json() -> None:
+    spans = (
+        Span("nn.Module: Linear", SpanKind.MODULE, 10, 20, thread=3),
+        Span("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", SpanKind.DATA, 0, 9),
+    )
+    profile = RankProfile(1, spans, ((0, 30),), steps_limit=5, clock_precision_ns=7, cost_ns=9)
+    for found in (Profiled(asked=True, steps=5, limit=5, profile=profile), Profiled(False)):
+        text = json.dumps(found.to_dict(), allow_nan=False)
+        assert Profiled.from_dict(json.loads(text)) == found
 
 
 @pytest.mark.parametrize("answer", ANSWERS, ids=repr)

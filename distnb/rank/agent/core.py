@@ -49,6 +49,7 @@ class Agent:
         self.interceptor = Interceptor()
         self.store: Any = None
         self.safepoints: SafePoints | None = None
+        self.profiling: Any = None  # distnb.rank.profiling, once the notebook asks a profile
 
     @classmethod
     def from_environment(cls) -> Agent:
@@ -89,6 +90,8 @@ class Agent:
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step = (self.step or 0) + 1
+        if self.profiling is not None:
+            self.profiling.at_step(self.rank)
         points = self.safepoints
         if points is not None and points.armed:
             points.at_step()

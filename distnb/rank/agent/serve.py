@@ -14,7 +14,10 @@ Requests are the records of `distnb.records.agent` (`AgentRequest`), answered wi
   `Detach`: noted for the main thread (`safepoints`). A breakpoint's file and line are checked
   here, so a wrong one is refused at once with what is there; the file found is the reply
   (with `check`, the breakpoint is only checked: JupyterLab's panel sets it in the rank's
-  debugpy).
+  debugpy);
+- `Profile` (`steps`): noted for the main thread, whose profiler starts and stops at optimizer
+  steps (`distnb.rank.profiling`); `ProfileReport`: how the profile stands, the profile once
+  it has stopped.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from distnb.records.agent import (
     Detach,
     Events,
     Hold,
+    Profile,
+    ProfileReport,
     Recorded,
     Release,
     Reply,
@@ -68,9 +73,10 @@ _DEBUGGER = frozenset(os.path.abspath(m.__file__ or "") for m in (bdb, cmd, pdb)
 
 
 class Served(AgentSurface, Protocol):
-    """The agent as its server sees it: its surface and its safe points."""
+    """The agent as its server sees it: its surface, its safe points, its profiler."""
 
     safepoints: SafePoints | None
+    profiling: Any  # distnb.rank.profiling once a profile was asked
 
 
 class Server(threading.Thread):
@@ -132,6 +138,22 @@ class Server(threading.Thread):
                 return file
             case Detach():
                 points.detach()
+                if self.agent.profiling is not None:
+                    self.agent.profiling.drop()
+                    self.agent.tape.exact = False
+            case Profile(steps=steps):
+                from distnb.rank import profiling
+
+                profiling.ask(steps)
+                self.agent.tape.exact = True  # collectives' ends, for the profile's phases
+                self.agent.profiling = profiling  # the step hook calls it from now on
+            case ProfileReport(end=end):
+                if self.agent.profiling is None:
+                    return None
+                found = self.agent.profiling.report(end)
+                if found.profile is not None:
+                    self.agent.tape.exact = False
+                return found.to_dict()
         return None
 
     def snapshot(self) -> RankSnapshot:

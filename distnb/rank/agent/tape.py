@@ -8,13 +8,17 @@ fingerprint core, keeps the call open until its work completes, and hands it to 
 The ring (`distnb.rank.checked.recorder`) holds the last `ring_size` calls.
 
 The cost per collective is a describe, a stack walk for the call site and a list: no store
-round trip, no lock. The notebook pulls what it wants (`serve`). `gate`, when the notebook asks
+round trip, no lock. A call's end is the next call's arrival on its group, or the moment the
+notebook notices its work has completed; while the rank is profiled (`exact`) it is the moment
+its work completes (a callback on the work's future), which the profile's phases need. The
+notebook pulls what it wants (`serve`). `gate`, when the notebook asks
 for it, runs on the main thread before the call goes to the backend: a safe point to stop in
 the debugger or to hold the rank while a peer is stopped (no peer waits inside the backend).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +55,7 @@ class Tape:
         # registered name -> (entry, its work; None: it returned none; _PENDING: not back yet)
         self.open: dict[str, tuple[list[Any], Any]] = {}
         self.gate: Callable[[list[Any]], None] | None = None
+        self.exact = False  # each call's end noted as its work completes (see the module)
 
     def record(self, call: Call, dispatch: Callable[[], Any]) -> Any:
         """Note `call`, pass the gate if one is set, then run it (the interceptor's `check`)."""
@@ -93,7 +98,10 @@ class Tape:
             entry[START] = time.monotonic_ns()
         self.recorder.add(entry)
         result = dispatch()
-        self.open[name] = (entry, _work(result))
+        work = _work(result)
+        self.open[name] = (entry, work)
+        if self.exact:
+            _note_end(entry, work)
         return result
 
     def _group(self, name: str) -> list[Any] | None:
@@ -133,6 +141,19 @@ def _work(result: Any) -> Any:
     if type(work) is torch.ScriptObject:
         return dist.Work.unbox(work)
     return work if isinstance(work, dist.Work) else None
+
+
+def _note_end(entry: list[Any], work: Any) -> None:
+    """`entry`'s end, as its work completes (now, for a call that returned none or has
+    completed: a synchronous one)."""
+
+    def ended(_: Any = None) -> None:
+        entry[END] = time.monotonic_ns()
+
+    if work is None or _completed(work):
+        return ended()
+    with contextlib.suppress(RuntimeError):  # a backend whose works have no future: later
+        work.get_future().add_done_callback(ended)
 
 
 def _completed(work: Any) -> bool:

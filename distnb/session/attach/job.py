@@ -6,6 +6,9 @@ still shown: gone (its process has ended), or silent (alive, its serving thread 
 its GIL held in native code), with its py-spy stack where py-spy is installed and the rank is on
 this machine.
 
+Profiling (`profile`, `profile_report`) runs `torch.profiler` on the ranks for a number of
+optimizer steps and judges what they recorded as distnb's own ranks' profiles are.
+
 Driving (`stop`, `breakpoint`, `debug`, `run`, `detach`) goes through the agents' control
 (`distnb.rank.agent.safepoints`): stopped ranks' prompts are served by the text debugger's desk,
 or handed to JupyterLab's debugger panel (`panel`), peers are held before their next collective
@@ -44,7 +47,8 @@ from distnb.records.agent import (
 )
 from distnb.records.attach import AgentState, RankSnapshot
 from distnb.records.collective import CollectiveEvent, Fingerprint
-from distnb.session.attach import inside
+from distnb.records.profiling import RankProfile
+from distnb.session.attach import inside, profiling
 from distnb.session.attach.link import Link
 from distnb.session.attach.panel import JobPanel, relay
 from distnb.session.attach.procs import pyspy_stack
@@ -77,6 +81,8 @@ class AttachedJob:
         # breakpoints set from the notebook, per rank: file found there -> as DAP writes them
         self.breaks: dict[int, dict[str, list[dict[str, Any]]]] = {}
         self.visual: JobPanel | None = None  # JupyterLab's panel on the ranks
+        self.profiling: list[int] = []  # ranks asked for a profile (`profiling`), not reported
+        self.profiled: dict[int, RankProfile] = {}  # ... their profiles handed over so far
 
     def __repr__(self) -> str:
         e = self.link.endpoint
@@ -358,10 +364,14 @@ class AttachedJob:
     overflow_report = inside.overflow_report
     pull = inside.pull
     push = inside.push
+    # their steps profiled (`profiling`): who is slow and why
+    profile = profiling.profile
+    profile_report = profiling.profile_report
 
     def detach(self) -> None:
         """Let every rank go on as it would have: breakpoints cleared, holds released, stopped
-        ranks resumed; the notebook lets go of the job's control plane."""
+        ranks resumed, a profile under way dropped; the notebook lets go of the job's control
+        plane."""
         if not self.attached:
             return
         if self.gone:  # nothing left to let go of
@@ -380,6 +390,7 @@ class AttachedJob:
             self.visual.close()
             self.visual = None
         self.breaks.clear()
+        self.profiling, self.profiled = [], {}  # the ranks dropped theirs
         self.link.close()
         self.attached = False
 
