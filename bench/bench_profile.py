@@ -2,6 +2,8 @@
 (start, collect), and nothing once off.
 
 Run:  .venv/bin/python bench/bench_profile.py [--rounds N] [--steps K]
+      .venv/bin/python bench/bench_profile.py --part scale [--sizes 8x20,32x20,8x80] [--repeat R]
+      .venv/bin/python bench/bench_profile.py --part memory [--long S]
 
 In one process, with one torch thread, on the CPU, the rank's side of profiling
 (`distnb.rank.profiling`: the profiler, the modules' forward hooks, the optimizer's step hook)
@@ -33,15 +35,39 @@ medians to `plain` with a 95% interval (paired bootstrap over rounds, `ratio_of_
 profile, outside the steps: `start` (the profiler started, the clock markers) and `collect`
 (the profiler stopped, its events read into spans), medians with their spread (min-max), and the
 spans kept per step.
+
+`--part scale` (saved as `profile-scale`): the kernel's side of `%dist_profile --report` on real
+gloo sessions of 8 and 32 ranks, each training a small model (`SCALE_SETUP`: Linear 256 -> 256
+-> 8, a DataLoader of 20 batches a `train()`, every gradient all_reduced; rank 1's Dataset
+sleeps 25 ms an item, so there is a straggler to find) under `Session.profile(steps=K)`: 8 x 20,
+32 x 20 and 8 x 80 ranks x steps (the last two the same ranks x steps). Each is profiled
+`--repeat` times; the parts are timed one by one as `profile_report` runs them: `collect`
+(every rank's profiler stopped and its spans brought to the kernel), `events` (the collective
+records of the profiled cells), the `judgement` (`slowness.breakdown`, in `ProfileView`), the
+view as `text` and `HTML`, and the Perfetto `export` (a file). With them: the bytes moved (the
+pickled `RankProfile`s and events, as ipyparallel sends them), the spans, and the kernel's peak
+of Python memory over the judgement, the views and the export (`tracemalloc`, a run of its
+own). The analysis (judgement to export) is then run again on the last profile of each size,
+`--rounds` rounds, the sizes' order rotated each round, for its medians.
+
+`--part memory` (saved as `profile-memory`): what a rank keeps while armed without a step limit:
+one process runs the `6x256` loop for `--long` steps plain, then armed (`arm()` with no limit,
+one window), and reads its RSS every 250 steps; the growth per step of each (least squares) and
+the `collect` of the long profile (its time, spans, dropped).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pickle
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from median_ci import ratio_of_medians  # bench/ is on the path when the bench runs
@@ -183,13 +209,246 @@ def session_cells(rounds: int) -> None:
     )
 
 
+SCALE_SETUP = """
+import time
+from torch.utils.data import DataLoader, Dataset
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+class Items(Dataset):
+    def __len__(self):
+        return 80
+    def __getitem__(self, i):
+        if rank == 1:
+            time.sleep(0.025)
+        return torch.randn(256)
+
+def train():
+    for x in DataLoader(Items(), batch_size=4):
+        model(x).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+"""
+SIZES = ((8, 20), (32, 20), (8, 80))  # ranks x steps; a session per number of ranks
+PARTS = ("collect", "events", "judgement", "text", "HTML", "export")
+ANALYSIS = PARTS[2:]
+
+
+@dataclass
+class Taken:
+    """One size's profiles, kept for the analysis rounds, and its measures."""
+
+    ranks: int
+    steps: int
+    times: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PARTS})
+    profiles: list[Any] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+    profile_bytes: int = 0
+    event_bytes: int = 0
+    train_s: float = 0.0
+    start_s: float = 0.0
+    verdict: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.ranks} ranks x {self.steps} steps"
+
+    def median(self, parts: Sequence[str]) -> float:
+        return sum(statistics.median(self.times[p]) for p in parts)
+
+
+def analyse(t: Taken, folder: str) -> None:
+    """The kernel's analysis of one profile, each part timed (what `profile_report` runs)."""
+    from distnb.views.profiling import ProfileView
+
+    clock = time.perf_counter()
+    view = ProfileView(t.profiles, t.events, {}, 0)
+    t.times["judgement"].append(time.perf_counter() - clock)
+    clock = time.perf_counter()
+    repr(view)
+    t.times["text"].append(time.perf_counter() - clock)
+    clock = time.perf_counter()
+    view._repr_html_()
+    t.times["HTML"].append(time.perf_counter() - clock)
+    clock = time.perf_counter()
+    view.export_chrome_trace(os.path.join(folder, f"{t.ranks}x{t.steps}.json"))
+    t.times["export"].append(time.perf_counter() - clock)
+    t.verdict = view.result.verdict
+
+
+def take(n: int, steps: Sequence[int], repeat: int, folder: str) -> list[Taken]:
+    """Start `n` ranks; profile each number of `steps` `repeat` times (a cell of 20 steps a
+    train()), timing the collect and one analysis each time."""
+    import distnb
+    from distnb.rank import profiling, runtime
+
+    out = [Taken(n, k) for k in steps]
+    clock = time.perf_counter()
+    with distnb.start(n, progress=False) as s:
+        started = time.perf_counter() - clock
+        s.run(SCALE_SETUP)
+        s.run("train()")  # warm: the first DataLoader, the process group's first collectives
+        for _ in range(repeat):
+            for t in out:
+                t.start_s = started
+                s.profile(steps=t.steps)
+                clock = time.perf_counter()
+                s.run(f"for _ in range({-(-t.steps // 20)}):\n    train()")
+                t.train_s = time.perf_counter() - clock
+                clock = time.perf_counter()
+                profiles = [p for p in s.call(profiling.collect) if p is not None]
+                t.times["collect"].append(time.perf_counter() - clock)
+                clock = time.perf_counter()
+                runs = [r for p in profiles for r in p.runs if r]
+                events = [e for per in s.call(runtime.events, min(runs)) for e in per]
+                t.times["events"].append(time.perf_counter() - clock)
+                t.profiles, t.events = profiles, events
+                analyse(t, folder)
+    for t in out:
+        t.profile_bytes = len(pickle.dumps(t.profiles, pickle.HIGHEST_PROTOCOL))
+        t.event_bytes = len(pickle.dumps(t.events, pickle.HIGHEST_PROTOCOL))
+    return out
+
+
+def peak_bytes(t: Taken, folder: str) -> int:
+    """The kernel's peak of Python allocations over one analysis (judgement to export)."""
+    tracemalloc.start()
+    try:
+        analyse(t, folder)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def scale(sizes: Sequence[tuple[int, int]], repeat: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as folder:
+        taken: list[Taken] = []
+        for n in dict.fromkeys(n for n, _ in sizes):
+            taken += take(n, [k for m, k in sizes if m == n], repeat, folder)
+        for r in range(rounds):  # the analysis again, the sizes' order rotated each round
+            for t in taken[r % len(taken) :] + taken[: r % len(taken)]:
+                analyse(t, folder)
+        peaks = {t.name: peak_bytes(t, folder) for t in taken}
+        trace = {
+            t.name: os.path.getsize(os.path.join(folder, f"{t.ranks}x{t.steps}.json"))
+            for t in taken
+        }
+    print("%dist_profile --report, its parts timed in the kernel, after Session.profile(steps=K)")
+    for t in taken:
+        spans = sum(len(p.spans) for p in t.profiles)
+        per = t.ranks * t.steps
+        print(
+            f"\n{t.name}: {t.ranks} ranks started in {t.start_s:.1f} s; the profiled cell took "
+            f"{t.train_s:.1f} s; {spans} spans ({spans / per:.1f} a rank and step), "
+            f"{len(t.events)} collective records"
+        )
+        print(
+            f"  moved to the kernel: profiles {t.profile_bytes / 1e6:.2f} MB "
+            f"({t.profile_bytes / per / 1e3:.1f} kB a rank and step), "
+            f"events {t.event_bytes / 1e6:.2f} MB; Perfetto trace {trace[t.name] / 1e6:.2f} MB"
+        )
+        for part in PARTS:
+            ms = sorted(x * 1e3 for x in t.times[part])
+            print(
+                f"  {part:<10} {statistics.median(ms):>8.1f} ms "
+                f"(spread {ms[0]:.1f}-{ms[-1]:.1f}, {len(ms)} runs)"
+            )
+        print(
+            f"  in all     {t.median(PARTS) * 1e3:>8.1f} ms, of which the analysis "
+            f"{t.median(ANALYSIS) * 1e3:.1f} ms ({t.median(ANALYSIS) / per * 1e6:.0f} us a rank "
+            "and step)"
+        )
+        print(f"  the analysis' peak of Python memory: {peaks[t.name] / 1e6:.1f} MB")
+        print(f"  verdict: {t.verdict}")
+    base = taken[0]
+    for t in taken[1:]:
+        work = (t.ranks * t.steps) / (base.ranks * base.steps)
+        print(f"\n{t.name} against {base.name} ({work:.0f}x the ranks x steps):")
+        print(
+            "  "
+            + ", ".join(
+                f"{part} {t.median(of) / base.median(of):.2f}x"
+                for part, of in (*((p, (p,)) for p in PARTS), ("analysis", ANALYSIS))
+            )
+        )
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def slope(points: Sequence[tuple[int, int]]) -> float:
+    """Least-squares growth of y per x."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+
+
+def memory(long: int, every: int = 250) -> None:
+    w = WORKLOADS[0]
+    run = loop(w, every)
+    run()
+    curves: dict[str, list[tuple[int, int]]] = {}
+    for variant in ("plain", "armed", "plain again"):
+        if variant == "armed":
+            profiling.arm()
+            armed = profiling._armed
+            assert armed is not None
+            armed._pre()
+        points = [(0, rss())]
+        for done in range(every, long + 1, every):
+            run()
+            points.append((done, rss()))
+        curves[variant] = points
+        if variant == "armed":
+            armed = profiling._armed
+            assert armed is not None
+            armed._post()
+            began = time.perf_counter()
+            profile = profiling.collect()
+            took = time.perf_counter() - began
+            assert profile is not None
+            kept, dropped = len(profile.spans), profile.dropped
+            after = rss()
+    print(f"{w.title}: one process, {long} steps a variant, RSS read every {every} steps")
+    for variant, points in curves.items():
+        grown = (points[-1][1] - points[0][1]) / 1e6
+        print(
+            f"  {variant:<12} {slope(points) / 1e3:>8.1f} kB a step ({grown:+.1f} MB over {long})"
+        )
+    print(
+        f"  collect of the armed {long} steps: {took:.2f} s, {kept} spans kept, {dropped} dropped "
+        f"(bound {profiling.MAX_SPANS}); RSS after it "
+        f"{(after - curves['armed'][-1][1]) / 1e6:+.1f} MB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("cost", "scale", "memory"), default="cost")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--cells", type=int, default=20, help="rounds of the session's cells")
+    parser.add_argument(
+        "--sizes", default=",".join(f"{n}x{k}" for n, k in SIZES), help="--part scale: RANKSxSTEPS"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="--part scale: profiles a size")
+    parser.add_argument("--long", type=int, default=2000, help="--part memory: steps a variant")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.part == "scale":
+        with saved("profile-scale"):
+            sizes = [tuple(map(int, x.split("x"))) for x in args.sizes.split(",")]
+            scale([(n, k) for n, k in sizes], args.repeat, args.rounds)
+        return
+    if args.part == "memory":
+        with saved("profile-memory"):
+            memory(args.long)
+        return
     with saved("profile"):
         print(f"torch {torch.__version__}, 1 thread, CPU; wall time per training step")
         for w in WORKLOADS:

@@ -34,6 +34,7 @@ the difference). A module's time is its forward and the backward of the ops its 
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -222,10 +223,12 @@ def _steps_by(profiles: Sequence[RankProfile]) -> str:
 def step_bounds(profile: RankProfile, steps_by: str) -> list[Interval]:
     """The rank's steps on its own clock, found as `steps_by` says (module doc)."""
     out: list[Interval] = []
+    spans = sorted(profile.spans, key=lambda s: s.start_ns)
+    starts = [s.start_ns for s in spans]
     for w0, w1 in profile.windows:
         # a span that starts inside the window counts: a step limit cuts the window inside the
         # last step (its optimizer's post-hook), before that step's span ends
-        inside = [s for s in profile.spans if w0 <= s.start_ns <= w1]
+        inside = spans[bisect_left(starts, w0) : bisect_right(starts, w1)]
         if steps_by == "optimizer steps":
             ends = sorted(s.end_ns for s in inside if _is_step(s))
             out += list(zip([w0, *ends], ends))
@@ -259,18 +262,37 @@ def _rank_breakdown(
         own = union(phase_sets.get(phase, []))
         exclusive[phase] = subtract(own, taken)
         taken = union(taken + own)
-    named = [s for s in spans if s.kind is not SpanKind.COMM]
+    bounds = step_bounds(profile, steps_by)
+    names = _names_per_step(spans, bounds)
     steps = []
-    for i, (a, b) in enumerate(step_bounds(profile, steps_by)):
+    for i, (a, b) in enumerate(bounds):
         phases = {p: length(clip(exclusive[p], a, b)) for p in PRECEDENCE}
         phases[Phase.OTHER] = max(0, (b - a) - sum(phases.values()))
-        names: dict[str, int] = defaultdict(int)
-        for s in named:
+        steps.append(StepTime(profile.rank, i, a + offset, b + offset, phases, names[i]))
+    return RankBreakdown(profile.rank, tuple(steps))
+
+
+def _names_per_step(spans: Sequence[Span], bounds: Sequence[Interval]) -> list[dict[str, int]]:
+    """Each step's ns per `label`: every span but the backend's ops, as far as it overlaps the
+    step. Steps follow one another (`step_bounds`), so each span meets only the steps found
+    from its start by bisection, not all of them: linear in spans and steps."""
+    out: list[dict[str, int]] = [defaultdict(int) for _ in bounds]
+    ends = [b for _, b in bounds]
+    ordered = all(b0 <= a1 for (_, b0), (a1, _) in pairwise(bounds))
+    labels: dict[tuple[str, SpanKind], str] = {}
+    for s in spans:
+        if s.kind is SpanKind.COMM:
+            continue
+        key = (s.name, s.kind)
+        name = labels.get(key) or labels.setdefault(key, label(s))
+        j = bisect_right(ends, s.start_ns) if ordered else 0
+        while j < len(bounds) and (bounds[j][0] < s.end_ns or not ordered):
+            a, b = bounds[j]
             overlap = min(s.end_ns, b) - max(s.start_ns, a)
             if overlap > 0:
-                names[label(s)] += overlap
-        steps.append(StepTime(profile.rank, i, a + offset, b + offset, phases, dict(names)))
-    return RankBreakdown(profile.rank, tuple(steps))
+                out[j][name] += overlap
+            j += 1
+    return [dict(n) for n in out]
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
@@ -303,7 +325,14 @@ def subtract(intervals: Sequence[Interval], taken: Sequence[Interval]) -> list[I
 
 
 def clip(intervals: Sequence[Interval], a: int, b: int) -> list[Interval]:
-    return [(max(x, a), min(y, b)) for x, y in intervals if y > a and x < b]
+    """The part of `intervals` (disjoint, sorted) inside [a, b), found by bisection."""
+    out = []
+    for x, y in intervals[max(0, bisect_right(intervals, (a, a)) - 1) :]:
+        if x >= b:
+            break
+        if y > a:
+            out.append((max(x, a), min(y, b)))
+    return out
 
 
 def length(intervals: Iterable[Interval]) -> int:

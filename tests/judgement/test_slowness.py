@@ -11,6 +11,8 @@ import pytest
 from distnb.judgement.slowness import (
     Phase,
     breakdown,
+    clip,
+    label,
     step_bounds,
     subtract,
     union,
@@ -187,6 +189,47 @@ def test_intervals_are_merged_and_subtracted() -> None:
         (3, 5),
         (22, 29),
     ]
+
+
+def test_intervals_are_clipped_to_a_step() -> None:
+    spans = [(0, 5), (10, 20), (30, 40)]
+    assert clip(spans, 12, 35) == [(12, 20), (30, 35)]
+    assert clip(spans, -5, 3) == [(0, 3)]
+    assert clip(spans, 5, 10) == []
+    assert clip(spans, 10, 10) == []
+    assert clip(spans, 41, 50) == []
+    assert clip(spans, 0, 100) == spans
+    assert clip([], 0, 1) == []
+
+
+def test_a_span_across_steps_counts_in_each_as_far_as_it_overlaps_it() -> None:
+    """Each span is matched only with the steps near it (a bisection, not a scan of every step
+    for every span): the names per step equal a scan's, for spans inside one step, across two
+    and across all, and for steps cut out of several windows."""
+    profiles, events = job(data=[9, 12], compute=[5, 5], steps=6)
+    p = profiles[1]
+    bounds = step_bounds(p, "optimizer steps")
+    (w0, w1) = p.windows[0]
+    middle = (w0 + w1) // 2
+    extra = (
+        Span("aten::long", SpanKind.OP, bounds[1][1] - MS, bounds[3][0] + MS),  # steps 1-3
+        Span("aten::all", SpanKind.OP, w0 - MS, w1 + MS),  # every step, and outside them
+    )
+    windows = ((w0, middle), (middle, w1))  # two cells
+    whole = RankProfile(1, (*p.spans, *extra), windows, runs=(1, 2))
+    result = breakdown([profiles[0], whole], events)
+    steps = result.ranks[1].steps
+    scanned = step_bounds(whole, "optimizer steps")
+    assert len(steps) == len(scanned) >= 4
+    for st, (a, b) in zip(steps, scanned, strict=True):
+        expected: dict[str, int] = {}
+        for span in whole.spans:
+            overlap = min(span.end_ns, b) - max(span.start_ns, a)
+            if overlap > 0 and span.kind is not SpanKind.COMM:
+                expected[label(span)] = expected.get(label(span), 0) + overlap
+        assert st.names == expected
+    assert steps[2].names["op: aten::long"] == steps[2].end_ns - steps[2].start_ns
+    assert all(st.names["op: aten::all"] == st.end_ns - st.start_ns for st in steps)
 
 
 def test_a_profile_crosses_processes_as_json() -> None:
