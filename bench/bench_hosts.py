@@ -3,6 +3,8 @@ check's cost, and what a stranger writing over the control plane's keys costs a 
 
     sudo python bench/bench_hosts.py [--repeats 5] [--parts start cost stranger lifeline slurm]
     sudo python bench/bench_hosts.py --parts forked [--ranks 2 8]   (bench/results/hosts-forked.txt)
+    sudo python bench/bench_hosts.py --parts slurm-forked [--ranks 2 4]
+                                                    (bench/results/hosts-slurm-forked.txt)
 
 Needs root (it makes the rehearsal hosts of `harness/hosts.py`: two hosts behind a
 router, each with its own network, host name, PIDs, /tmp, home and /dev/shm, and an sshd), and
@@ -33,6 +35,11 @@ first host, a slurmd on each).
   importing torch (how distnb started them before): the time from the call until every rank is
   in the gloo group, and the memory the hosts' processes hold then (the sum of their PSS:
   pages a forker shares with its engines count once). In rounds that alternate.
+- slurm-forked (alone): the same through Slurm, a job of its own (`--ntasks-per-node RANKS`,
+  the nodes claiming as many CPUs): each node's engines forked by its first task, the other
+  tasks holding their places (`distnb.rank.slurm_tasks`), against each task running distnb's
+  engine (how distnb started them before). Each start waits for an empty queue; the PSS counts
+  the forkers, engines, nannies and holding tasks (and the job's srun on the first node).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from median_ci import median_ci, ratio_of_medians  # noqa: E402
 import distnb  # noqa: E402
 from distnb.errors import RankDiedError  # noqa: E402
 from distnb.records.cell import LAUNCHED_ON_VAR  # noqa: E402
+from distnb.session.cluster import slurm as slurm_kind  # noqa: E402
 from distnb.session.cluster import ssh  # noqa: E402
 from distnb.session.cluster.engines import engine_command  # noqa: E402
 from harness.hosts import Host, Lan, missing  # noqa: E402
@@ -73,7 +81,8 @@ LOOP = (
     "import time\nfor _ in range(20):\n    x = torch.ones(8)\n    dist.all_reduce(x)\n"
     "    time.sleep(0.1)"
 )
-PARTS = ("start", "cost", "stranger", "lifeline", "slurm")  # the defaults; and "forked"
+PARTS = ("start", "cost", "stranger", "lifeline", "slurm")  # the defaults
+ALONE = ("forked", "slurm-forked")  # parts run only when named
 BUSY = (  # what the ranks on the host cut off do (rank 0, on the other host, waits too)
     "import time\nx = torch.ones(1)\nif rank == 1:\n    time.sleep(600)\nelif rank == 2:\n"
     "    while True:\n        pass\nelse:\n    dist.all_reduce(x)"
@@ -266,6 +275,39 @@ def forked_starts(lan: Lan, ranks: int, repeats: int) -> dict[str, list[float]]:
     return found
 
 
+@contextlib.contextmanager
+def per_task() -> Iterator[None]:
+    """distnb's Slurm kind as it started engines before they were forked: each task of srun
+    runs distnb's engine (which imports torch)."""
+    forked = slurm_kind._program
+    slurm_kind._program = lambda launcher: engine_command(launcher.engine_cmd[0])
+    try:
+        yield
+    finally:
+        slurm_kind._program = forked
+
+
+def slurm_forked_starts(lan: Lan, slurm: Slurm, ranks: int, repeats: int) -> dict[str, list[float]]:
+    """Start times (s) and nodes' PSS (MB) of a Slurm job of 2 nodes of `ranks`, forked and one
+    engine per task, the order rotating."""
+    kinds = ("forked", "per task")
+    found: dict[str, list[float]] = {f"{k} {w}": [] for k in kinds for w in ("s", "MB")}
+    for i in range(repeats):
+        for kind in kinds[i % 2 :] + kinds[: i % 2]:
+            while slurm.jobs() or any(h.distnb_processes() for h in lan.hosts):
+                time.sleep(0.2)  # the last job gone: this one does not queue behind it
+            with per_task() if kind == "per task" else contextlib.nullcontext():
+                started = time.perf_counter()
+                session = distnb.start(
+                    ranks * len(lan.hosts), engines="slurm", host=lan.kernel_addr,
+                    slurm=["--ntasks-per-node", str(ranks)], progress=False,
+                )  # fmt: skip
+                found[f"{kind} s"].append(time.perf_counter() - started)
+                found[f"{kind} MB"].append(hosts_pss_mb(lan))
+                session.stop()
+    return found
+
+
 def _row(name: str, ours: list[float], peer: list[float] | None, unit: str, label: str) -> str:
     low, high = median_ci(ours)
     text = f"{name:34} {statistics.median(ours):9.3f} {unit} [{low:.3f}-{high:.3f}]"
@@ -294,14 +336,14 @@ def starts(lan: Lan, engines: str, repeats: int) -> tuple[list[float], list[floa
                 elapsed, session = distnb_start(lan, engines)
                 ours.append(elapsed)
                 session.stop()
-    return ours, peer
+    return ours, peer, again
 
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--parts", nargs="+", choices=(*PARTS, "forked"), default=list(PARTS))
+    parser.add_argument("--parts", nargs="+", choices=(*PARTS, *ALONE), default=list(PARTS))
     parser.add_argument("--ranks", type=int, nargs="+", default=[2], help="per host (forked)")
     return parser.parse_args()
 
@@ -311,6 +353,7 @@ def main(args: argparse.Namespace) -> None:
         sys.exit(f"bench_hosts needs {why}")
     by_ssh = times = attacked = ended = None
     forked: dict[int, dict[str, list[float]]] = {}
+    slurm_forked: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as state:
         lan = Lan(Path(state))
         try:
@@ -337,6 +380,14 @@ def main(args: argparse.Namespace) -> None:
                     by_slurm = starts(lan, "slurm", args.repeats)
                 finally:
                     slurm.close()
+            if "slurm-forked" in args.parts and not slurm_missing():
+                nodes = Slurm(lan, lan.hosts, cpus=max(args.ranks))
+                os.environ.update(nodes.env, IPYTHONDIR=str(nodes.shared / "ipython"))
+                try:
+                    for ranks in args.ranks:
+                        slurm_forked[ranks] = slurm_forked_starts(lan, nodes, ranks, args.repeats)
+                finally:
+                    nodes.close()
         finally:
             lan.close()
     for ranks, found in forked.items():
@@ -345,7 +396,13 @@ def main(args: argparse.Namespace) -> None:
             mine, theirs = found[f"forked {unit}"], found[f"per engine {unit}"]
             name = f"{what}, 2x{ranks} ({unit})"
             print(_row(name, mine, theirs, unit, "one ssh per engine"))
-    if not forked:
+    for ranks, found in slurm_forked.items():
+        print(f"# a Slurm job, 2 nodes x {ranks} tasks, forked on each node against a task each")
+        for unit, what in (("s", "start to ready"), ("MB", "nodes' PSS, ready")):
+            mine, theirs = found[f"forked {unit}"], found[f"per task {unit}"]
+            name = f"{what}, 2x{ranks} ({unit})"
+            print(_row(name, mine, theirs, unit, "one engine per task"))
+    if not forked and not slurm_forked:
         print(f"# 2 hosts x {RANKS_PER_HOST} ranks; the order of the starts rotates")
     label = "ipyparallel ssh + torch + gloo"
     if by_ssh is not None:
@@ -401,5 +458,6 @@ if __name__ == "__main__":
     from results import saved
 
     parsed = arguments()
-    with saved("hosts-forked" if parsed.parts == ["forked"] else "hosts"):
+    alone = parsed.parts == ["forked"] or parsed.parts == ["slurm-forked"]
+    with saved(f"hosts-{parsed.parts[0]}" if alone else "hosts"):
         main(parsed)

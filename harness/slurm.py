@@ -49,10 +49,12 @@ def missing() -> str:
 
 
 class Slurm:
-    """Slurm on `hosts` of `lan`: partition `debug` holds them all (see the module)."""
+    """Slurm on `hosts` of `lan`: partition `debug` holds them all (see the module); each node
+    offers `cpus` CPUs (what it claims: the hosts share this machine's)."""
 
-    def __init__(self, lan: Lan, hosts: list[Host]) -> None:
+    def __init__(self, lan: Lan, hosts: list[Host], cpus: int = CPUS_PER_NODE) -> None:
         self.hosts = hosts
+        self.cpus = cpus
         self.shared = Path(f"/run/{lan.tag}-slurm")  # /run is the one folder hosts share
         self.shared.mkdir()
         self.conf = self.shared / "slurm.conf"
@@ -73,7 +75,7 @@ class Slurm:
         subprocess.run(munged, check=True, capture_output=True)
         head = self.hosts[0]
         nodes = "".join(
-            f"NodeName={h.name} NodeAddr={h.addr} CPUs={CPUS_PER_NODE} State=UNKNOWN\n"
+            f"NodeName={h.name} NodeAddr={h.addr} CPUs={self.cpus} State=UNKNOWN\n"
             for h in self.hosts
         )
         self.conf.write_text(
