@@ -26,11 +26,15 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from distnb.errors import SessionError
 from distnb.records.profiling import Profiled, RankProfile, Span, SpanKind
@@ -39,6 +43,7 @@ __all__ = ["MAX_SPANS", "arm", "armed", "ask", "at_step", "collect", "drop", "re
 
 MAX_SPANS = 100_000  # per rank and profile; the newest are kept
 _MARK = "distnb: clock"
+_CLOSURE = "distnb: closure"  # an optimizer's closure (forward and backward run inside its step)
 
 
 class _Armed:
@@ -59,6 +64,7 @@ class _Armed:
         self.handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
             torch.nn.modules.module.register_module_forward_hook(self._exit),
+            register_optimizer_step_pre_hook(self._closure),
         ]
         if cells:  # an attached rank's steps come from its agent's step hook (`at_step`)
             from IPython import get_ipython
@@ -110,6 +116,18 @@ class _Armed:
     def _exit(self, module: Any, args: Any, output: Any) -> None:
         if self.modules:
             self.modules.pop().__exit__(None, None, None)
+
+    def _closure(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """A closure given to the optimizer's step (Lightning's training step, LBFGS's loss)
+        runs inside a marker, so that the step's own time is told from the forward and
+        backward its closure runs (`_spans`)."""
+        if self.profiler is None or self.done:
+            return None
+        if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer
+            return (args[0], _marked(args[1]), *args[2:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": _marked(kwargs["closure"])}
+        return None
 
     # --- the profiler ----------------------------------------------------------------------
 
@@ -255,6 +273,14 @@ def report(end: bool = False) -> Profiled:
 # --- events to spans -----------------------------------------------------------------------
 
 
+def _marked(closure: Any) -> Any:
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        with record_function(_CLOSURE):
+            return closure(*args, **kwargs)
+
+    return marked
+
+
 def _mark() -> int:
     """A monotonic read inside a marker of the profile."""
     with record_function(_MARK):
@@ -324,9 +350,10 @@ def _kind(name: str, device: bool) -> SpanKind:
 
 
 def _named(name: str) -> bool:
-    """An op inside a module's forward is kept (it says what the module spent its time on);
-    one inside any other op is its detail."""
-    return name.startswith("nn.Module: ")
+    """An op inside a module's forward is kept (it says what the module spent its time on), as
+    is one inside an optimizer's closure (the user's step: forward, loss, backward); one inside
+    any other op is its detail."""
+    return name.startswith("nn.Module: ") or name == _CLOSURE
 
 
 def _spans(
@@ -336,12 +363,15 @@ def _spans(
     backend op, that start inside the windows, on the monotonic clock. A CPU event's parent is
     the innermost event of its thread still open at its start. A backward op whose forward ran
     inside a module (autograd's sequence number links them) is also a span of that module,
-    `nn.Module: <class> (backward)`, so that a module's time is its forward and its backward."""
+    `nn.Module: <class> (backward)`, so that a module's time is its forward and its backward.
+    An optimizer step that ran a closure (`_Armed._closure`) is its time after the closure: the
+    forward and backward inside it are the closure's spans, not the optimizer's."""
     offset, precision = _anchor(events, marks)
     out: list[Span] = []
     # thread -> (end, name, innermost module) of the events open at this point
     open_: dict[int, list[tuple[int, str, str]]] = {}
     forward: dict[tuple[int, int], str] = {}  # (thread, sequence number) -> its module
+    closures: list[tuple[int, int, int]] = []  # (thread, start, end) of optimizers' closures
     for name, start, end, thread, device, seq, fwd in sorted(events, key=lambda e: (e[1], -e[2])):
         stack = open_.setdefault(thread, [])
         while stack and not device and stack[-1][0] <= start:
@@ -353,7 +383,9 @@ def _spans(
             stack.append((end, name, module))
         if seq >= 0 and not fwd and module:
             forward.setdefault((thread, seq), module)
-        if name == _MARK or not any(a <= start + offset <= b for a, b in windows):
+        if name == _CLOSURE:
+            closures.append((thread, start + offset, end + offset))
+        if name in (_MARK, _CLOSURE) or not any(a <= start + offset <= b for a, b in windows):
             continue  # a step limit cuts a window inside a step: a span that starts in counts
         kind = _kind(name, device)
         if kind is SpanKind.OP and parent is not None and not _named(parent):
@@ -363,8 +395,18 @@ def _spans(
         if owner is not None:
             owner = f"nn.Module: {owner} (backward)"
             out.append(Span(owner, SpanKind.MODULE, start + offset, end + offset, thread))
+    if closures:
+        out = [_after_closures(s, closures) for s in out]
     dropped = max(0, len(out) - MAX_SPANS)
     return out[dropped:], dropped, precision
+
+
+def _after_closures(span: Span, closures: list[tuple[int, int, int]]) -> Span:
+    """An optimizer step's span from the end of the closures it ran (itself if none)."""
+    if span.kind is not SpanKind.OPTIMIZER:
+        return span
+    ends = [b for t, a, b in closures if t == span.thread and span.start_ns <= a <= span.end_ns]
+    return replace(span, start_ns=max(ends)) if ends else span
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -87,6 +88,62 @@ def test_dist_profile_on_the_attached_job_runs_until_the_report(tmp_path: Path) 
         export = tmp_path / "p.json"
         view.export_chrome_trace(export)
         assert export.stat().st_size > 0
+        j.detach()
+
+
+LIGHTNING = """
+import time
+import torch
+import lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+        )
+
+    def training_step(self, batch, i):
+        x, y = batch
+        if self.global_rank == 1:
+            time.sleep(0.02)  # an augmentation only rank 1 runs
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
+trainer = L.Trainer(
+    accelerator="cpu", strategy="ddp", devices=2, max_epochs=1000, logger=False,
+    enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+)
+trainer.fit(Model(), DataLoader(data, batch_size=16))
+"""
+
+
+def test_a_lightning_job_is_profiled_in_its_training_step_not_its_optimizer(
+    tmp_path: Path,
+) -> None:
+    """Lightning runs the forward and backward inside `optimizer.step(closure)`: the step's own
+    time is what follows the closure, and the slow training step is named."""
+    script = tmp_path / "fit.py"
+    script.write_text(LIGHTNING)
+    with job(tmp_path, script=script) as jb:
+        jb.agents_up()
+        j = attached(jb.folder)
+        while not all((s.step or 0) >= 3 for s in j.snapshots()):
+            assert jb.proc.poll() is None, jb.log.read_text()[-3000:]
+            time.sleep(0.2)
+        j.profile(steps=4)
+        result = j.profile_report().result
+        assert [len(r.steps) for r in result.ranks] == [4, 4]
+        s = result.straggler
+        assert s is not None, result.verdict
+        assert (s.rank, s.phase, s.what) == (1, Phase.COMPUTE, "module: Model"), str(s)
+        for r in result.ranks:  # SGD's own update, not the closure's forward and backward
+            assert r.per_step(Phase.OPTIMIZER) < 5e6, str(r)
+        assert result.ranks[0].per_step(Phase.WAIT) > 10e6  # for rank 1, at DDP's all_reduce
         j.detach()
 
 

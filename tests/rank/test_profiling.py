@@ -1,5 +1,6 @@
 """The rank's side of profiling, in this process with a real `torch.profiler`: spans on the
-monotonic clock, modules named forward and backward, the step limit, nothing left once off."""
+monotonic clock, modules named forward and backward, the step limit, an optimizer's closure, an
+attached rank's profile of whole steps, nothing left once off."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optimizer_module
 
 from distnb.rank import profiling
-from distnb.records.profiling import RankProfile, SpanKind
+from distnb.records.profiling import Profiled, RankProfile, SpanKind
 
 
 @pytest.fixture
@@ -73,5 +75,76 @@ def test_nothing_is_left_hooked_once_collected(armed: None) -> None:
     assert (
         dict(nn_module._global_forward_pre_hooks),
         dict(nn_module._global_forward_hooks),
+    ) == hooks
+    assert not torch._C._autograd._profiler_enabled()
+
+
+def test_an_optimizer_step_with_a_closure_is_its_time_after_the_closure(armed: None) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def closure() -> torch.Tensor:  # as Lightning's automatic optimization passes its step
+        opt.zero_grad()
+        loss = model(torch.randn(4, 16)).pow(2).mean()
+        loss.backward()
+        time.sleep(0.005)
+        return loss
+
+    profiling.arm()
+    cell = profiling._armed
+    assert cell is not None
+    cell._pre()
+    for _ in range(2):
+        opt.step(closure)
+    cell._post()
+    p = profiling.collect()
+    assert p is not None
+    steps = [s for s in p.spans if s.name.startswith("Optimizer.step")]
+    forwards = [s for s in p.spans if s.name == "nn.Module: Sequential"]
+    assert len(steps) == len(forwards) == 2
+    for step, forward in zip(steps, forwards, strict=True):
+        assert step.start_ns > forward.end_ns  # the step's own time: after its closure
+        assert step.duration_ns < 5_000_000  # the closure's sleep is not the optimizer's
+    ops = {s.name for s in p.spans if s.kind is SpanKind.OP}
+    assert {"aten::mean", "aten::pow"} <= ops  # the closure's own ops, outside any module
+
+
+def test_an_attached_rank_profiles_whole_steps_from_the_step_it_is_asked_in(armed: None) -> None:
+    hooks = (
+        dict(nn_module._global_forward_pre_hooks),
+        dict(optimizer_module._global_optimizer_pre_hooks),
+    )
+    stepped = optimizer_module.register_optimizer_step_post_hook(
+        lambda *_: profiling.at_step(0)  # the agent's step hook
+    )
+    try:
+        _train(1)
+        assert profiling.report() == Profiled(asked=False)
+        profiling.ask(2)
+        assert profiling.report() == Profiled(asked=True, steps=0, limit=2)
+        _train(1)  # the step it is asked in: the profile starts at its end
+        assert profiling.report() == Profiled(asked=True, steps=0, limit=2)
+        _train(3)  # a loop of its own makes a model and an optimizer first
+        found = profiling.report()
+        assert (found.steps, found.limit) == (2, 2) and found.profile is not None
+        steps = [s for s in found.profile.spans if s.name.startswith("Optimizer.step")]
+        assert len(steps) == 2 and len(found.profile.windows) == 1
+        assert found.profile.windows[0][1] >= steps[-1].start_ns  # its last step, whole
+        assert profiling.report() == Profiled(asked=False)  # handed over once
+        profiling.ask(None)  # until the notebook ends it
+        _train(4)
+        assert profiling.report(end=True).profile is None  # ends at the next step
+        _train(1)
+        assert profiling.report().profile is not None
+        profiling.ask(None)
+        _train(2)
+        profiling.drop()  # a detach: dropped at the next step, nothing handed over
+        _train(1)
+        assert profiling.report() == Profiled(asked=False)
+    finally:
+        stepped.remove()
+    assert (
+        dict(nn_module._global_forward_pre_hooks),
+        dict(optimizer_module._global_optimizer_pre_hooks),
     ) == hooks
     assert not torch._C._autograd._profiler_enabled()
