@@ -20,6 +20,7 @@ writes a failed engine's last lines to its own output, the job's or srun's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -113,8 +114,9 @@ def _hold(address: str, task: int) -> int:
         return 1
     handed = {"task": task, "environ": dict(os.environ), "cpus": sorted(os.sched_getaffinity(0))}
     conn.sendall(json.dumps(handed).encode() + b"\n")
-    while conn.recv(4096):  # nothing is sent: this returns b"" once the forker has ended
-        pass
+    with contextlib.suppress(OSError):  # a reset: the forker has ended too
+        while conn.recv(4096):  # nothing is sent: this returns b"" once the forker has ended
+            pass
     return 0
 
 

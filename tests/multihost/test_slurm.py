@@ -115,21 +115,25 @@ FORKED = (
 )
 
 
+@pytest.mark.parametrize(
+    ("order", "on_nodes"), [("block", ((0, 1), (2, 3))), ("cyclic", ((0, 2), (1, 3)))]
+)
 def test_the_engines_of_a_node_are_forked_by_one_task_that_imported_torch(
-    lan: Lan, slurm: Slurm
+    lan: Lan, slurm: Slurm, order: str, on_nodes: tuple[tuple[int, int], ...]
 ) -> None:
-    """A job of 2 nodes of 2 tasks: on each node one forker (the node's first task), the parent
-    of the node's engines, which inherit its torch; the node's other task holds its place; rank r
-    is Slurm's task r. The stop ends them all."""
-    s = start(lan, 4, slurm="--ntasks-per-node 2")
+    """A job of 2 nodes of 2 tasks, in Slurm's block or cyclic order: on each node one forker
+    (the node's first task), the parent of the node's engines, which inherit its torch; the
+    node's other task holds its place; rank r is Slurm's task r, on task r's node. The stop ends
+    them all."""
+    s = start(lan, 4, slurm=f"--ntasks-per-node 2 --distribution {order}")
     try:
         seen = [ast.literal_eval(s.run(FORKED).result(r)) for r in range(4)]
         assert [task for *_, task in seen] == ["0", "1", "2", "3"]
-        for host, ranks in zip(lan.hosts, ((0, 1), (2, 3)), strict=True):
+        for host, ranks in zip(lan.hosts, on_nodes, strict=True):
             forkers = forkers_on(host)
             (forker, engines), *others = [(f, e) for f, e in forkers.items() if e]
             assert not others and sorted(engines) == sorted(s.ranks[r].pid for r in ranks)
-            assert [f for f, e in forkers.items() if not e] != []  # the other task, holding
+            assert len([f for f, e in forkers.items() if not e]) == 1  # the other task, holding
             names, parents, loaded, commands, modules, _ = zip(*(seen[r] for r in ranks))
             assert set(names) == {host.name} and set(parents) == {forker}
             assert all(loaded) and len(set(modules)) == 1  # one torch, the forker's
