@@ -87,6 +87,7 @@ class Members:
         self._procs: dict[int, psutil.Process] = {}
         self._members: dict[int, Member] = {}
         self._log_marks: dict[int, int] = {}
+        self._marked: dict[int, str] = {}  # pid -> the log `mark_logs` found for it
         self._launcher_by_pid: dict[int, Any] = {}
         self._logs: dict[int, str] = {}  # pid -> a hard link to its launcher's log file
         self._exits = processes.Exits()  # of the vital processes and the launchers'
@@ -259,11 +260,19 @@ class Members:
     # --- logs ----------------------------------------------------------------------------
 
     def mark_logs(self, pids: Iterable[int]) -> None:
-        """Remember how far each process's log has come: what follows is the next cell's."""
+        """Remember how far each process's log has come: what follows is the next cell's.
+
+        A cell marks every rank's log twice: a log found once is kept (one stat a process at
+        each mark, not the three of finding it again), and looked for anew if it is gone."""
         for pid in pids:
-            path = self.log_path(pid)
-            with contextlib.suppress(OSError):
+            path = self._marked.get(pid) or self.log_path(pid)
+            try:
                 self._log_marks[pid] = os.path.getsize(path) if path else 0
+            except OSError:
+                self._marked.pop(pid, None)
+                continue
+            if path:
+                self._marked[pid] = path
 
     def log_tail(self, pid: int, lines: int = 5, since: int = 0, ipp: bool = False) -> str:
         """The last lines a process wrote to its log from byte `since` on that are not

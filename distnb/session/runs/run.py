@@ -8,10 +8,12 @@ that end a run early are built by `endings`.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from distnb import errors, interrupts
@@ -31,7 +33,7 @@ from distnb.session.runs import endings
 from distnb.session.runs.failures import engine_died, error_of, stuck_message, to_failure
 from distnb.session.runs.referee import DesyncReferee
 from distnb.session.runs.request import CellRequest, CellResult
-from distnb.session.runs.streams import Reply, StreamLog, execute
+from distnb.session.runs.streams import Reply, StreamLog, Tally, execute, wait_for_outputs
 from distnb.views.output import CellOutput, RankOutput
 
 # How long ranks get to stop after an interrupt before distnb says they are stuck, on a quiet
@@ -78,7 +80,16 @@ class CellRun:
         self._wake = threading.Event()
         self.results: dict[int, Reply] = {}
         self.logs: dict[int, StreamLog] = {}  # each rank's writes, in the order written
+        self._tally = Tally()  # how many writes arrived, all ranks together
         self._writes = 0  # how many of them the output has been given
+        # Each rank's state, in rank order, and a failed rank's error summary: a rank is looked
+        # at once, when its reply arrives (`_ended`, filled on ipyparallel's I/O thread), not at
+        # every wake: a wake costs the same at 16 ranks as at 2.
+        self._state: dict[int, RankState] = {}
+        self._failed: dict[int, str] = {}
+        self._ended: deque[int] = deque()
+        self._left = 0  # ranks whose reply has not been looked at
+        self._died = False  # a rank's engine died while it ran the request
         self.output: CellOutput | None = None
         self.desk = Desk(control, request.run_id)
         self.paused_s = 0.0  # time spent with the user at ranks' prompts: not the cell's
@@ -97,11 +108,13 @@ class CellRun:
         if self.visual is not None:
             self.visual.begin_run(self.cluster, self.targets, self.control, req.run_id)
             self._visual_s = self.visual.stopped_seconds()
-        self.logs = {info.rank: StreamLog(self._wake) for info in self.targets}
+        self.logs = {info.rank: StreamLog(self._wake, self._tally) for info in self.targets}
         views = {info.rank: self.cluster.view(info.engine_id) for info in self.targets}
         self.results = execute(views, req.code, self.logs)
-        for reply in self.results.values():
-            reply.add_done_callback(lambda _f: self._wake.set())
+        self._state = dict.fromkeys(self.results, RankState.RUNNING)
+        self._left = len(self.results)
+        for rank, reply in self.results.items():
+            reply.add_done_callback(functools.partial(self._end, rank))
         self.output = CellOutput([t.rank for t in self.targets])
         return self
 
@@ -138,7 +151,7 @@ class CellRun:
                     self.paused_s += paused
                     deadline = deadline + paused if deadline is not None else None
                 states, failures = self._states()
-                if RankState.DIED in states.values():
+                if self._died:
                     self._settle_after_death()
                     break
                 if time.monotonic() - looked >= DEATHS_EVERY_S:
@@ -156,9 +169,8 @@ class CellRun:
             if stuck:
                 print(stuck_message(t.rank for t in stuck), file=sys.stderr)
             raise errors.CellInterrupted(where) from None
-        for ar in self.results.values():
-            # iopub output may trail the reply: wait for the engine's idle status
-            ar.wait_for_output(timeout=OUTPUT_WAIT_S)
+        # iopub output may trail the reply: wait for each engine's idle status
+        wait_for_outputs(self.results.values(), timeout=OUTPUT_WAIT_S)
         outputs = self._outputs()
         self.output.finish(outputs)
         for out in outputs:  # the result keeps what arrived until now
@@ -170,7 +182,7 @@ class CellRun:
     # --- state ---------------------------------------------------------------------------
 
     def states(self) -> dict[int, RankState]:
-        return self._states()[0]
+        return dict(self._states()[0])
 
     def written(self, rank: int) -> tuple[int, int]:
         """How many characters of the rank's stdout and stderr the kernel has received."""
@@ -212,8 +224,30 @@ class CellRun:
         stacks = self.control.stacks([r for r in ranks if r not in waits], timeout=0.5)
         return endings.where_running(self.request.where, ranks, waits, stacks)
 
+    def _end(self, rank: int, _reply: object = None) -> None:
+        """A rank's reply arrived (ipyparallel's I/O thread, or here if it had already)."""
+        self._ended.append(rank)
+        self._wake.set()
+
     def _all_done(self) -> bool:
-        return all(ar.done() for ar in self.results.values())
+        return not self._look_at_ended()
+
+    def _look_at_ended(self) -> int:
+        """Note the state of each rank whose reply arrived since the last look; how many ranks
+        are still running."""
+        while self._ended:
+            rank = self._ended.popleft()
+            error = error_of(self.results[rank])
+            if error is None:
+                self._state[rank] = RankState.FINISHED
+            elif engine_died(error):
+                self._state[rank] = RankState.DIED
+                self._died = True
+            else:
+                self._state[rank] = RankState.FAILED
+                self._failed[rank] = to_failure(rank, error).summary
+            self._left -= 1
+        return self._left
 
     def _running(self) -> list[RankInfo]:
         return [t for t in self.targets if not self.results[t.rank].done()]
@@ -221,7 +255,7 @@ class CellRun:
     def _output_due(self) -> bool:
         """Whether there is output to show: writes arrived, or lines wait in a terminal."""
         assert self.output is not None
-        writes = sum(len(log.writes) for log in self.logs.values())
+        writes = self._tally.count
         due, self._writes = writes != self._writes or self.output.holding(), writes
         return due
 
@@ -231,21 +265,10 @@ class CellRun:
         return [rank for rank, ar in self.results.items() if not ar.wait_for_output(0)]
 
     def _states(self) -> tuple[dict[int, RankState], dict[int, str]]:
-        states: dict[int, RankState] = {}
-        failures: dict[int, str] = {}
-        for rank, ar in self.results.items():
-            if not ar.done():
-                states[rank] = RankState.RUNNING
-                continue
-            error = error_of(ar)
-            if error is None:
-                states[rank] = RankState.FINISHED
-            elif engine_died(error):
-                states[rank] = RankState.DIED
-            else:
-                states[rank] = RankState.FAILED
-                failures[rank] = to_failure(rank, error).summary
-        return states, failures
+        """Each rank's state in rank order, and each failed rank's error summary (the run's
+        own: read, not changed)."""
+        self._look_at_ended()
+        return self._state, self._failed
 
     def _outputs(self) -> list[RankOutput]:
         outputs = []

@@ -13,22 +13,31 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from distnb.views.lines import Write
 
-__all__ = ["Reply", "StreamLog", "execute"]
+__all__ = ["Reply", "StreamLog", "Tally", "execute", "wait_for_outputs"]
+
+
+class Tally:
+    """How many writes a run's logs received, all ranks together (counted on ipyparallel's I/O
+    thread, the only writer): the run learns that output arrived without looking at each log."""
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 class StreamLog:
     """One request's stream messages, as `Write`s in arrival order (appended on ipyparallel's
     I/O thread, read by the kernel's main thread)."""
 
-    def __init__(self, wake: threading.Event) -> None:
+    def __init__(self, wake: threading.Event, tally: Tally | None = None) -> None:
         self.writes: list[Write] = []
         self.chars = {"stdout": 0, "stderr": 0}
         self._wake = wake
+        self._tally = tally or Tally()
 
     def written(self) -> tuple[int, int]:
         """How many characters of stdout and stderr arrived."""
@@ -42,6 +51,7 @@ class StreamLog:
         name, text = content["name"], content["text"]
         self.writes.append(Write(name, text, time.monotonic()))
         self.chars[name] = self.chars.get(name, 0) + len(text)
+        self._tally.count += 1
         self._wake.set()
 
 
@@ -50,36 +60,67 @@ def execute(views: Mapping[int, Any], code: str, logs: Mapping[int, StreamLog]) 
     the rank's log fed every stream message of its request: each rank's `Reply`.
 
     `DirectView.execute` offers no way to attach a callback before the request is sent, and one
-    attached after it may miss the first messages; `Client.send_execute_request` does
-    (`message_future_hook`), so this is `DirectView.execute` with the hook. As `%px` does, the
-    requests share one `AsyncResult`, which drops their replies and outputs from the client's
-    caches once all arrived (one per rank cost ~0.7 ms each at 16 ranks).
+    attached after it may miss the first messages; so this is what `Client.send_execute_request`
+    does for each engine, with the log attached to the request's future before it leaves, and
+    what grew with the ranks done once a cell: the engines' identities are found at once, the
+    requests go to ipyparallel's I/O thread in one hand-off (one wake of its loop, not one per
+    rank), and one callback drops the requests from the client's caches once every reply and
+    output arrived (ipyparallel makes one per request). As `%px` does, the requests share one
+    `AsyncResult`, which drops their replies and metadata (one per rank cost ~0.7 ms each at
+    16 ranks).
     """
     from ipyparallel.client.asyncresult import AsyncResult
+    from ipyparallel.client.futures import multi_future
 
-    futures, targets = {}, []
-    for rank, view in views.items():
-        client, log = view.client, logs[rank]
-        idents, (target,) = client._build_targets(view.targets)
-        futures[rank] = client.send_execute_request(
-            view._socket,
-            code,
-            silent=False,
-            ident=idents[0],
-            metadata={"label": None},
-            message_future_hook=lambda f, log=log: f.iopub_callbacks.append(log.receive),
-        )
-        targets.append(target)
-    if futures:  # kept alive by its callbacks on the futures, which it cleans up after
-        AsyncResult(client, list(futures.values()), fname="execute", targets=targets, owner=True)
-    return {rank: Reply(future) for rank, future in futures.items()}
+    if not views:
+        return {}
+    first = next(iter(views.values()))
+    client, socket = first.client, first._socket  # every view of a client shares its socket
+    if client._closed:
+        raise OSError("Connections have been closed.")
+    idents, targets = client._build_targets([view.targets for view in views.values()])
+    engines = set(client._engines.values())
+    content = {"code": code, "silent": False, "user_expressions": {}}
+    futures, sends = {}, []
+    for (rank, log), ident in zip(logs.items(), idents, strict=True):
+        msg = client.session.msg("execute_request", content=content, metadata={"label": None})
+        msg_id = msg["header"]["msg_id"]
+        client.outstanding.add(msg_id)
+        client.history.append(msg_id)
+        if (engine := ident.decode()) in engines:  # its death resolves the request
+            client._outstanding_dict[engine].add(msg_id)
+        future = client.create_message_futures(msg_id, msg["header"], async_result=True)[0]
+        future.iopub_callbacks.append(log.receive)
+        futures[rank] = future
+        sends.append((msg, ident))
+
+    def send() -> None:  # on the I/O thread, as ipyparallel sends
+        for msg, ident in sends:
+            client.session.send(socket, msg, ident=ident)
+
+    arrived = threading.Event()  # every reply and all their output
+
+    def forget(_f: Any) -> None:
+        for future in futures.values():
+            client._futures.pop(future.msg_id, None)
+            client._output_futures.pop(future.msg_id, None)
+        arrived.set()
+
+    replies = list(futures.values())
+    multi_future([f for r in replies for f in (r, r.output)]).add_done_callback(forget)
+    client._io_loop.add_callback(send)
+    # kept alive by its callbacks on the futures; drops their results and metadata after
+    AsyncResult(client, replies, fname="execute", targets=targets, owner=True)
+    return {rank: Reply(future, arrived) for rank, future in futures.items()}
 
 
 class Reply:
     """One rank's request of a cell, as its single-engine `AsyncResult` would show it."""
 
-    def __init__(self, future: Any) -> None:
+    def __init__(self, future: Any, arrived: threading.Event | None = None) -> None:
         self._future = future  # ipyparallel's MessageFuture: the reply, and `.output`
+        # set once every request of the cell has its reply and output (`execute`)
+        self.arrived = arrived
         self.msg_ids = [future.msg_id]
         self.metadata = future.output.metadata  # grows as the engine's iopub messages arrive
 
@@ -103,3 +144,14 @@ class Reply:
         """Whether the reply and every output message arrived, waiting up to `timeout` s."""
         both = (self._future, self._future.output)
         return not concurrent.futures.wait(both, timeout).not_done
+
+
+def wait_for_outputs(replies: Iterable[Reply], timeout: float | None = None) -> bool:
+    """Whether every reply and all their output messages arrived, waiting up to `timeout` s in
+    all: one event for one cell's requests, however many ranks."""
+    replies = list(replies)
+    cell = {id(r.arrived): r.arrived for r in replies}
+    if len(cell) == 1 and (arrived := next(iter(cell.values()))) is not None:
+        return arrived.wait(timeout)
+    futures = [f for r in replies for f in (r._future, r._future.output)]
+    return not concurrent.futures.wait(futures, timeout).not_done
