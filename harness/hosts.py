@@ -64,7 +64,7 @@ def missing() -> str:
     return ""
 
 
-_BLOCKS = 64  # /22 blocks in RANGE
+_SLASH24S = 256  # in 198.18.0.0/16, the half of RANGE the Lans take blocks of
 
 
 def _taken(lan: str) -> bool:
@@ -81,8 +81,11 @@ def _run(*cmd: str) -> None:
 class Lan:
     """The router, the kernel's link to it, and the hosts added behind it (see the module)."""
 
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, hosts: int = 3) -> None:
+        """Room for `hosts` hosts (3 by default; more for a bench across many)."""
         self.state = state
+        # /24s taken: the kernel's link and one per host, a power of two (a /22 for 3 hosts)
+        self.size = 1 << max(2, hosts.bit_length())
         self.tag = f"dnbt{os.getpid() % 100000}"
         self.router = f"{self.tag}-lan"
         self.key = state / "id_ed25519"
@@ -91,8 +94,9 @@ class Lan:
         # 198.18.<block>.0/22: the kernel's link and 3 hosts. Test runs side by side each take a
         # block no other has routed (from their pid on, the next free one; `_make` fails on a
         # block another run routed meanwhile, and the next is tried).
-        for k in range(_BLOCKS):
-            self._use((os.getpid() + k) % _BLOCKS)
+        blocks = _SLASH24S // self.size
+        for k in range(blocks):
+            self._use((os.getpid() + k) % blocks)
             if subprocess.run(["ip", "route", "show", self.lan], capture_output=True).stdout:
                 continue
             try:
@@ -105,8 +109,8 @@ class Lan:
         raise RuntimeError(f"every block of {RANGE} is routed by other test runs")
 
     def _use(self, n: int) -> None:
-        self.block = 4 * n
-        self.lan = f"198.18.{self.block}.0/22"
+        self.block = self.size * n
+        self.lan = f"198.18.{self.block}.0/{24 - self.size.bit_length() + 1}"
         self.kernel_addr, self.router_addr = f"198.18.{self.block}.1", f"198.18.{self.block}.2"
 
     def _make(self) -> None:
@@ -139,6 +143,8 @@ class Lan:
         return ["-i", str(self.key), *SSH_OPTIONS]
 
     def add_host(self, name: str) -> Host:
+        if len(self.hosts) + 1 >= self.size:
+            raise ValueError(f"this Lan has room for {self.size - 1} hosts: Lan(state, hosts=N)")
         host = Host(self, name, len(self.hosts) + 1)
         self.hosts.append(host)
         return host
