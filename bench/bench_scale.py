@@ -1,6 +1,7 @@
 """How the checks grow with the ranks and hosts, measured here and modelled toward real sizes.
 
-    python bench/bench_scale.py [--ranks 4 8 16] [--rounds 8] [--iters 40]
+    python bench/bench_scale.py [--part collectives|sessions|model|memory] [--ranks 4 8 16]
+                                 [--rounds 8] [--iters 40]
 
 For each world size it starts the ranks once (spawned processes around a TCPStore this process
 hosts, as bench_collectives does; gloo on loopback) and times an 8-element all_reduce, checked
@@ -24,9 +25,15 @@ rank's time):
              path from `SPREAD_HOSTS` hosts on), for the comparison.
 
 Each mode reinstalls the checked runtime with its hosts before its turn (and makes the group's
-board with one call outside the timing). Then a model (`--model`): fitted to the measured
-per-host-count costs, it prints what a checked collective would pay at 64, 256 and 1,024 ranks
-in 8-rank hosts; it says what it assumes.
+board with one call outside the timing).
+
+`--part model`: fitted to the store's and shared memory's costs measured here, what a checked
+collective pays at 64 to 4,096 ranks, 1 and 8 ranks per host, both ways among the hosts'
+leaders; next to it, what one verdict on an attached job of as many ranks costs (`status()`,
+`%dist_attach`), from its parts measured here on a real attached job of 2 ranks, `Link.ask`,
+the replies' codec and the judgement on records of N ranks (`scale_attach`); it says what it
+assumes. `--part sessions`: starts and empty cells against raw ipyparallel; `--part memory`: a
+long session's memory.
 """
 
 from __future__ import annotations
@@ -358,9 +365,13 @@ def crossover(a: float, b: float, c: float) -> int:
 
 
 def model() -> None:
+    import scale_attach
+
     a, b = store_costs()
     c = server_cost()
     h = shm_hop()
+    sizes = (64, 256, 1024, 4096)
+    attached = scale_attach.measure(c, sizes)
     print(
         f"# measured here: store round trip a = {a * 1e6:.0f} us, each key more in a multi_get "
         f"b = {b * 1e6:.2f} us, the server's time per request c = {c * 1e6:.1f} us (8 clients "
@@ -371,15 +382,25 @@ def model() -> None:
         f"# dissemination is the faster from {crossover(a, b, c)} hosts on "
         f"({crossover(a + 100e-6, b, c)} with 100 us of network more per round trip); distnb "
         f"uses it from {SPREAD_HOSTS}\n"
-        "# ranks  per host  hosts  leaders read all ms  dissemination ms"
+        "# attached s: one verdict on an attached job of as many ranks (status(), as "
+        "%dist_attach shows it), each rank with 16 or 1,000 collectives recorded (1,000: what "
+        "the verdict asks for); the same at any number of ranks per host (the notebook asks "
+        "every rank's agent itself, through the job's one store); its parts below\n"
+        "# ranks  per host  hosts  leaders read all ms  dissemination ms  attached s, 16 calls"
+        "  attached s, 1,000 calls"
     )
     for per_host in (1, 8):
-        for n in (64, 256, 1024, 4096):
+        for n in sizes:
             hosts = n // per_host
             local = 2 * h if per_host > 1 else 0.0
             flat = local + leaders(hosts, a, b, c, False)
             spread = local + leaders(hosts, a, b, c, True)
-            print(f"{n:7d}  {per_host:8d}  {hosts:5d}  {flat * 1e3:19.2f}  {spread * 1e3:16.2f}")
+            early, full = (attached.verdict(n, k).total for k in (16, scale_attach.ASKED))
+            print(
+                f"{n:7d}  {per_host:8d}  {hosts:5d}  {flat * 1e3:19.2f}  {spread * 1e3:16.2f}  "
+                f"{early:19.2f}  {full:23.2f}"
+            )
+    scale_attach.report(attached, sizes)
 
 
 def main() -> None:
