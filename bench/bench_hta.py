@@ -13,8 +13,9 @@ rank trains a small model over 20 batches from a DataLoader and all_reduces ever
 rank 1's Dataset sleeps 10 ms an item (40 ms a batch). In one distnb session of N ranks (gloo,
 CPU) it runs twice:
 
-- under `%%allranks --profile` (`Session.run(..., profile=True)`): distnb's view, its verdict, and
-  the kernel's time to analyse (collect to the view's text);
+- under `%dist_profile` then `%dist_profile --report` (`Session.profile`, then the report's
+  parts as `profile_report` runs them): distnb's view, its verdict, and the kernel's time to
+  collect and to analyse (the judgement and the view's text);
 - under a plain `torch.profiler` on every rank, as HTA's documents ask: a schedule and
   `prof.step()` a step (so the trace has HTA's `ProfilerStep#N` marks), written per rank by
   `tensorboard_trace_handler` (torch's `export_chrome_trace`, with `distributedInfo`, its rank).
@@ -223,7 +224,7 @@ def main() -> None:
         os.makedirs(folder, exist_ok=True)
         print(f"{args.ranks} ranks (gloo, CPU); rank 1's Dataset sleeps 10 ms an item; 20 steps")
         mine = distnb_side(args.ranks, folder)
-        print("\ndistnb (%%allranks --profile):")
+        print("\ndistnb (%dist_profile, then %dist_profile --report):")
         print("  " + mine["text"].replace("\n", "\n  "))
         print(
             f"  collect {mine['collect_s'] * 1e3:.0f} ms, "
