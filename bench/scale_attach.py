@@ -140,6 +140,7 @@ def probe_job(repeats: int = 7, steps: int = 500) -> Probe:
                 "verdict": j.status,
                 "status": functools.partial(j.link.ask, [0], Status(), 30.0),
                 "events": functools.partial(j.link.ask, [0], Events(ASKED), 30.0),
+                "events, every rank": functools.partial(j.link.ask, j.ranks, Events(ASKED), 30.0),
             }
             answers = in_rounds(cases, repeats)
             snaps = j.snapshots()
@@ -486,7 +487,8 @@ def report(m: AttachModel, sizes: Sequence[int]) -> None:
         f"{p.answers['status'] * 1e3:.1f} ms, Events({ASKED}) {p.answers['events'] * 1e3:.1f} "
         f"ms), less the notebook's part and the encoding: {own_status * 1e3:.1f} ms for a "
         f"Status, {own_call * 1e6:.0f} us per recorded call (parallel on every rank; what "
-        "outlasts the posting of the requests to the ranks after it is waited for)"
+        "outlasts the posting of the requests to the ranks after it is waited for); both ranks "
+        f"asked at once for their Events: {p.answers['events, every rank'] * 1e3:.1f} ms"
     )
     print("# one rank's replies at N ranks: bytes, an agent's encoding, the notebook's decoding")
     print(
@@ -505,8 +507,9 @@ def report(m: AttachModel, sizes: Sequence[int]) -> None:
         f"# judgement (snapshot.verdicts), ranks x calls recorded: {judged}; fitted as "
         f"N ({j0 * 1e6:.1f} us + {j1 * 1e6:.2f} us E) + N^2 E {j2 * 1e9:.2f} ns\n"
         f"# the model at the job's {p.ranks} ranks: {here.total * 1e3:.1f} ms against "
-        f"{took * 1e3:.1f} ms measured (its agents' answers are one rank's asked alone; here "
-        "both answer at once, on 2 busy cores)"
+        f"{took * 1e3:.1f} ms measured (its agents' answers are one rank's asked alone, as on "
+        "hosts where every rank has cores of its own; here both answer at once, on 2 busy "
+        "cores)"
     )
     print(
         "# ranks  calls  requests  MB per rank    store s   agents s   decode s  judgement s"
