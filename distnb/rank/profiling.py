@@ -14,7 +14,8 @@ which the notebook asked it to end (`report(end=True)`). `report` hands the prof
 the profiler has stopped.
 
 While armed, modules' forwards are named in the profile (global forward hooks open a
-`record_function("nn.Module: <class>")`), which torch's profiler does not do by itself; their
+`record_function("nn.Module: <name>")`, `module_names`), which torch's profiler does not do by
+itself; their
 backward ops are found by autograd's sequence numbers and named after them too. Nothing
 of this runs while nothing is armed. The profiler's clock is mapped onto the monotonic clock by a
 marker whose start and end hold a `time.monotonic_ns()` read.
@@ -28,9 +29,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 from torch.autograd.profiler import record_function
+from torch.nn import Module
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -39,7 +42,17 @@ from torch.optim.optimizer import (
 from distnb.errors import SessionError
 from distnb.records.profiling import Profiled, RankProfile, Span, SpanKind
 
-__all__ = ["MAX_SPANS", "arm", "armed", "ask", "at_step", "collect", "drop", "report"]
+__all__ = [
+    "MAX_SPANS",
+    "arm",
+    "armed",
+    "ask",
+    "at_step",
+    "collect",
+    "drop",
+    "module_names",
+    "report",
+]
 
 MAX_SPANS = 100_000  # per rank and profile; the newest are kept
 _MARK = "distnb: clock"
@@ -60,6 +73,7 @@ class _Armed:
         self.stopped = False
         self.finished = False  # stopped, its hooks removed: its events can be read (`report`)
         self.modules: list[Any] = []  # open record_functions of modules' forwards
+        self.names: WeakKeyDictionary[Any, str] = WeakKeyDictionary()  # module -> its name
         self.shell: Any = None
         self.handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
@@ -109,7 +123,12 @@ class _Armed:
 
     def _enter(self, module: Any, args: Any) -> None:
         if self.profiler is not None and not self.done:
-            rf = record_function(f"nn.Module: {type(module).__name__}")
+            name = self.names.get(module)
+            if name is None:
+                if not self.modules:  # an outermost module: its tree is named from it
+                    self.names.update(module_names(module))
+                name = self.names.get(module) or type(module).__name__
+            rf = record_function(f"nn.Module: {name}")
             rf.__enter__()  # type: ignore[no-untyped-call]
             self.modules.append(rf)
 
@@ -271,6 +290,30 @@ def report(end: bool = False) -> Profiled:
 
 
 # --- events to spans -----------------------------------------------------------------------
+
+
+# Wrappers around the user's model, and the attribute each keeps it in: DDP, DataParallel and
+# FSDP (`module`), Lightning's strategy wrapper (`_forward_module`), torch.compile (`_orig_mod`)
+_WRAPPED = ("module", "_forward_module", "_orig_mod")
+
+
+def module_names(root: Any) -> dict[Any, str]:
+    """Each module under `root` named by its path from the model the wrappers around it keep
+    (`Model.net.0 (Linear)`; the model itself `Model`, a wrapper by its class): two layers of
+    one class are told apart."""
+    names: dict[Any, str] = {}
+    model = root
+    while True:
+        names[model] = type(model).__name__
+        inner = next((a for a in _WRAPPED if isinstance(getattr(model, a, None), Module)), None)
+        if inner is None:
+            break
+        model = getattr(model, inner)
+    base = type(model).__name__
+    for path, sub in model.named_modules(remove_duplicate=True):
+        if path:
+            names.setdefault(sub, f"{base}.{path} ({type(sub).__name__})")
+    return names
 
 
 def _marked(closure: Any) -> Any:
