@@ -34,9 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-__all__ = ["SLURM", "Place", "fork", "main"]
-
-SLURM = "slurm"  # in place of the count: the tasks of a Slurm step (`distnb.rank.slurm_tasks`)
+__all__ = ["Place", "fork", "main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +48,6 @@ class Place:
 
 
 def main(argv: list[str]) -> int:
-    if argv[0] == SLURM:
-        from distnb.rank.slurm_tasks import main as slurm_main
-
-        return slurm_main(argv[1:])
     count, folder, engine_args = int(argv[0]), argv[1], argv[2:]
     return fork(folder, engine_args, lambda: [Place()] * count)
 

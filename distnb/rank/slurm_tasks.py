@@ -1,5 +1,5 @@
 """The tasks of a Slurm step on one node as distnb's engines, forked from one process:
-`python -m distnb.rank.forks slurm FOLDER [ipengine arguments]`, run by srun as every task.
+`python -m distnb.rank.slurm_tasks FOLDER [ipengine arguments]`, run by srun as every task.
 
 srun starts one task per rank, each where Slurm puts it with the user's options, with its own
 environment (`SLURM_PROCID`: the task's number, which orders the ranks; `SLURM_LOCALID`; any
@@ -134,3 +134,7 @@ def _read_line(conn: socket.socket) -> bytes:
             break
         data += chunk
     return data
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -35,13 +35,15 @@ def engines_on(host: Host) -> int:
 
 
 def forked_on(host: Host) -> dict[int, list[int]]:
-    """Each forker running on `host` (a `distnb.rank.forks` process whose parent is not one) and
-    the pids of the engines it forked."""
+    """Each forker running on `host` (a `distnb.rank.forks` process, or a Slurm task's
+    `distnb.rank.slurm_tasks`, whose parent is not one) and the pids of the engines it forked;
+    srun's own processes, whose command line names the program, left out."""
     rows = host.ssh("ps -eo pid=,ppid=,args=").stdout.splitlines()
     forks = {
         int(pid): int(ppid)
         for pid, ppid, args in (row.split(None, 2) for row in rows if row.count(" ") >= 2)
-        if "distnb.rank.forks" in args
+        if ("distnb.rank.forks" in args or "distnb.rank.slurm_tasks" in args)
+        and not args.startswith("srun ")
     }
     forkers = {pid for pid, ppid in forks.items() if ppid not in forks}
     return {f: [pid for pid, ppid in forks.items() if ppid == f] for f in forkers}

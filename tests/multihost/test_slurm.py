@@ -18,7 +18,7 @@ import pytest
 import distnb
 from distnb.errors import CollectiveMismatchError, DistnbWarning, SessionError
 from distnb.session import Session
-from harness.hosts import Host, Lan, missing
+from harness.hosts import Lan, missing
 from harness.slurm import Slurm
 from harness.slurm import missing as slurm_missing
 from tests.multihost.conftest import engines_on, forked_on
@@ -96,14 +96,6 @@ def test_a_job_of_its_own_runs_ranks_on_two_nodes_with_the_options_given(
     assert profiles(slurm) == []
 
 
-def forkers_on(host: Host) -> dict[int, list[int]]:
-    """`forked_on`, less srun's processes on the job's first node (their command line names the
-    forker they run)."""
-    rows = (row.split(None, 1) for row in host.processes())
-    sruns = {int(row[0]) for row in rows if len(row) == 2 and row[1].startswith("srun ")}
-    return {f: e for f, e in forked_on(host).items() if f not in sruns}
-
-
 # Each rank: its node, its parent (pid, whether it loaded libtorch, its command line), the torch
 # module it runs, and the Slurm task it took the place of.
 FORKED = (
@@ -130,14 +122,14 @@ def test_the_engines_of_a_node_are_forked_by_one_task_that_imported_torch(
         seen = [ast.literal_eval(s.run(FORKED).result(r)) for r in range(4)]
         assert [task for *_, task in seen] == ["0", "1", "2", "3"]
         for host, ranks in zip(lan.hosts, on_nodes, strict=True):
-            forkers = forkers_on(host)
+            forkers = forked_on(host)
             (forker, engines), *others = [(f, e) for f, e in forkers.items() if e]
             assert not others and sorted(engines) == sorted(s.ranks[r].pid for r in ranks)
             assert len([f for f, e in forkers.items() if not e]) == 1  # the other task, holding
             names, parents, loaded, commands, modules, _ = zip(*(seen[r] for r in ranks))
             assert set(names) == {host.name} and set(parents) == {forker}
             assert all(loaded) and len(set(modules)) == 1  # one torch, the forker's
-            assert commands[0] == ["-m", "distnb.rank.forks", "slurm"]
+            assert commands[0][:2] == ["-m", "distnb.rank.slurm_tasks"]
             assert not [p for p in host.processes() if "distnb.rank.engine" in p]
     finally:
         s.stop()
@@ -190,7 +182,7 @@ def test_inside_an_allocation_each_node_forks_its_ranks(lan: Lan, slurm: Slurm) 
     for ranks in ((0, 1), (2, 3)):
         _, parents, loaded, commands, modules, _ = zip(*(seen[r] for r in ranks))
         assert len(set(parents)) == 1 and all(loaded) and len(set(modules)) == 1
-        assert commands[0] == ["-m", "distnb.rank.forks", "slurm"]
+        assert commands[0][:2] == ["-m", "distnb.rank.slurm_tasks"]
     assert no_jobs_within(slurm, 30)
     assert not [p for h in lan.hosts for p in h.processes() if "distnb.rank" in p]
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distnb.errors import ConfigError, warn
-from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, FORKS, EngineKind, forks_folder
+from distnb.session.cluster.engines import DEFAULT_CPU_RANKS, EngineKind, forks_folder
 from distnb.session.cluster.teardown import LIFELINE_BOUND_S
 from distnb.session.control import is_loopback
 
@@ -58,8 +58,7 @@ _ENDED = {
     "REVOKED",
     "TIMEOUT",
 }
-# In place of the forker's count: it is one of a step's tasks (`distnb.rank.forks.SLURM`).
-_TASKS = "slurm"
+TASKS = "distnb.rank.slurm_tasks"  # what srun runs as each task: the node's forker, or a holder
 _GONE = ("already completing or completed", "Invalid job id")  # scancel: nothing to cancel
 
 
@@ -98,7 +97,7 @@ class Slurm(EngineKind):
     def launcher_settings(self) -> dict[str, Any]:
         """distnb's forker of engines (see the module), and the user's options for srun or
         sbatch."""
-        engine_cmd = [self.python, "-m", FORKS]
+        engine_cmd = [self.python, "-m", TASKS]
         if allocation():
             return {"engine_cmd": engine_cmd, "mpi_cmd": ["srun"], "mpi_args": list(self.args)}
         return {"engine_cmd": engine_cmd, "submit_command": ["sbatch", *self.args]}
@@ -170,9 +169,9 @@ def _engine_set() -> type:
 
 
 def _program(launcher: Any) -> list[str]:
-    """What srun runs as each task: the forker, told it is one of a step's tasks (see the
-    module), and where the forked engines keep their logs."""
-    return [*launcher.engine_cmd, _TASKS, forks_folder(launcher.profile_dir)]
+    """What srun runs as each task: one of a step's tasks (see the module), and where the
+    forked engines keep their logs."""
+    return [*launcher.engine_cmd, forks_folder(launcher.profile_dir)]
 
 
 def waiting(engine_sets: list[Any]) -> str:
