@@ -16,6 +16,7 @@ from distnb.errors import ConfigError, Interrupted, SessionError
 from distnb.magics.args import parse, rank_list, whole
 from distnb.ranklist import format_ranks
 from distnb.records.attach import AgentState
+from distnb.records.profiling import MOST_STEPS
 from distnb.views.display import show
 
 __all__ = ["AttachMagics"]
@@ -228,5 +229,9 @@ def _where(snap: Any) -> str:
 def profiling_steps(steps: int | None) -> str:
     """What a profile asked of an attached job records (`%dist_attach --profile`,
     `%dist_profile` on an attached job)."""
-    which = f"the next {steps} optimizer steps" if steps else "the optimizer steps until --report"
+    which = (
+        f"the next {steps} optimizer steps"
+        if steps
+        else f"the optimizer steps until --report (at most {MOST_STEPS})"
+    )
     return f"profiling {which}, from the end of the step each rank is in"

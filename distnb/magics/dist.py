@@ -23,6 +23,7 @@ from distnb.magics.args import (
     whole,
 )
 from distnb.magics.attach import profiling_steps
+from distnb.records.profiling import MOST_STEPS
 from distnb.session import Session, start
 from distnb.session.automode import AutoMode
 from distnb.session.options import REGISTER_TIMEOUT_S
@@ -273,6 +274,7 @@ class DistMagics(Magics):
             raise UsageError(str(exc)) from None
         if target is self.session:
             until = f" until {steps} optimizer steps" if steps else ""
+            until = until or f" (at most {MOST_STEPS} optimizer steps)"
             print(f"distnb: profiling the next cells{until}; %dist_profile --report shows them")
         else:
             print(f"distnb: {profiling_steps(steps)}; %dist_profile --report shows them")

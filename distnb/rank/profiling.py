@@ -40,7 +40,7 @@ from torch.optim.optimizer import (
 )
 
 from distnb.errors import SessionError
-from distnb.records.profiling import Profiled, RankProfile, Span, SpanKind
+from distnb.records.profiling import MOST_STEPS, Profiled, RankProfile, Span, SpanKind
 
 __all__ = [
     "MAX_SPANS",
@@ -109,7 +109,7 @@ class _Armed:
 
     def _stepped(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
         self.steps += 1
-        if self.limit is not None and self.steps >= self.limit:
+        if self.steps >= (MOST_STEPS if self.limit is None else self.limit):
             self._last_step()
 
     def _last_step(self) -> None:

@@ -18,7 +18,12 @@ from enum import Enum
 
 from distnb.records.codec import Record
 
-__all__ = ["Profiled", "RankProfile", "Span", "SpanKind"]
+__all__ = ["MOST_STEPS", "Profiled", "RankProfile", "Span", "SpanKind"]
+
+# A profile asked without a step count ends after this many optimizer steps: the profiler keeps
+# every event until it stops (about 0.3 MB a step of a small model's here: `bench_profile.py
+# --part memory`), so a profile left on would grow without end. A step count given is kept.
+MOST_STEPS = 200
 
 
 class SpanKind(str, Enum):

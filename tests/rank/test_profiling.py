@@ -168,3 +168,12 @@ def test_an_attached_rank_profiles_whole_steps_from_the_step_it_is_asked_in(arme
         dict(optimizer_module._global_optimizer_pre_hooks),
     ) == hooks
     assert not torch._C._autograd._profiler_enabled()
+
+
+def test_a_profile_without_a_step_count_ends_after_the_most_steps(
+    armed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(profiling, "MOST_STEPS", 3)  # 200 of a real profile's: ~0.3 MB a step
+    p = _profile(5)
+    assert len([s for s in p.spans if s.name.startswith("Optimizer.step")]) == 3
+    assert p.steps_limit is None
