@@ -19,6 +19,11 @@ one that ends the loop, starts the left-out tail), else each *cell* is one step.
     compute             torch ops and modules' forward, outside the phases above
     other host time     the rest of the step: Python between ops, sleeps, I/O
 
+**Overlap**: the share of a rank's collective time (a collective's start to its end, on the
+backend's thread) during which its own torch ops ran (DDP's gradient all_reduce beside the rest
+of the backward), as HTA's "comm/compute overlap"; a module's span is not compute for it (a
+forward that waits in a blocking collective is not overlapping it).
+
 Times per step are **medians** over the steps, so that a cell's first step, which makes the model,
 the iterator or the process group, does not count as the typical one.
 
@@ -95,6 +100,8 @@ class StepTime:
     end_ns: int
     phases: Mapping[Phase, int]
     names: Mapping[str, int] = field(default_factory=dict)
+    comm_ns: int = 0  # its collectives' time, start to end, whatever else ran meanwhile
+    overlap_ns: int = 0  # ... of which its torch ops ran beside them (module doc)
 
     @property
     def busy_ns(self) -> int:
@@ -118,6 +125,12 @@ class RankBreakdown:
     @property
     def step_ns(self) -> float:
         return _median(s.end_ns - s.start_ns for s in self.steps)
+
+    @property
+    def overlap(self) -> float | None:
+        """The share of its collectives' time its ops ran beside them (None: no collective)."""
+        comm = sum(s.comm_ns for s in self.steps)
+        return sum(s.overlap_ns for s in self.steps) / comm if comm else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,13 +275,17 @@ def _rank_breakdown(
         own = union(phase_sets.get(phase, []))
         exclusive[phase] = subtract(own, taken)
         taken = union(taken + own)
+    comm = union((e.start_ns, e.end_ns) for e in events)
+    ops = union((s.start_ns, s.end_ns) for s in spans if s.kind in (SpanKind.OP, SpanKind.DEVICE))
+    overlapped = intersect(comm, ops)
     bounds = step_bounds(profile, steps_by)
     names = _names_per_step(spans, bounds)
     steps = []
     for i, (a, b) in enumerate(bounds):
         phases = {p: length(clip(exclusive[p], a, b)) for p in PRECEDENCE}
         phases[Phase.OTHER] = max(0, (b - a) - sum(phases.values()))
-        steps.append(StepTime(profile.rank, i, a + offset, b + offset, phases, names[i]))
+        both = length(clip(comm, a, b)), length(clip(overlapped, a, b))
+        steps.append(StepTime(profile.rank, i, a + offset, b + offset, phases, names[i], *both))
     return RankBreakdown(profile.rank, tuple(steps))
 
 
@@ -332,6 +349,21 @@ def clip(intervals: Sequence[Interval], a: int, b: int) -> list[Interval]:
             break
         if y > a:
             out.append((max(x, a), min(y, b)))
+    return out
+
+
+def intersect(xs: Sequence[Interval], ys: Sequence[Interval]) -> list[Interval]:
+    """The instants in both `xs` and `ys` (each disjoint and sorted)."""
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
     return out
 
 

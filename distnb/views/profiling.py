@@ -25,6 +25,7 @@ __all__ = ["ProfileView"]
 
 PHASES = (Phase.COMPUTE, Phase.COLLECTIVE, Phase.WAIT, Phase.DATA, Phase.OPTIMIZER, Phase.OTHER)
 assert set(PHASES) == {*PRECEDENCE, Phase.OTHER}
+OVERLAP = "comm/compute overlap"  # the share of its collectives' time its ops ran beside them
 
 
 class ProfileView:
@@ -61,7 +62,8 @@ class ProfileView:
         rows = []
         for r in self.result.ranks:
             cells = [str(r.rank), format_ns(r.step_ns)]
-            rows.append(cells + [format_ns(r.per_step(p)) for p in PHASES])
+            overlap = "-" if r.overlap is None else f"{r.overlap:.0%}"
+            rows.append(cells + [format_ns(r.per_step(p)) for p in PHASES] + [overlap])
         return rows
 
     def _notes(self) -> list[str]:
@@ -76,8 +78,11 @@ class ProfileView:
         )
         return notes
 
+    def _header(self) -> list[str]:
+        return ["rank", self.result.unit, *(p.value for p in PHASES), OVERLAP]
+
     def __repr__(self) -> str:
-        header = ["rank", self.result.unit, *(p.value for p in PHASES)]
+        header = self._header()
         lines = [self._heading(), text_table(header, self._rows()), self.result.verdict]
         return "\n".join(lines + self._notes())
 
@@ -86,7 +91,7 @@ class ProfileView:
         rows = [
             Row(r, DIFF_ROW_BG, "straggler") if r[0] == str(slow) else Row(r) for r in self._rows()
         ]
-        header = ["rank", self.result.unit, *(p.value for p in PHASES)]
+        header = self._header()
         return (
             f"<div>{html_block(self._heading(), HEADING_STYLE, bold=True)}"
             f"{html_table(header, rows)}"

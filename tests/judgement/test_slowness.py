@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,23 @@ def test_the_view_says_it_in_text_html_and_one_trace_of_all_ranks(tmp_path: Path
     # the all_reduce starts at one instant on every rank: the offset moves rank 1's lanes
     starts = {e["pid"]: e["ts"] for e in trace if e["name"] == "all_reduce"}
     assert starts[1] - starts[0] == pytest.approx(3000)
+
+
+def test_the_share_of_collectives_beside_the_ranks_own_ops_is_its_overlap() -> None:
+    profiles, events = job(data=[5, 5], compute=[5, 5])
+    # rank 0's backward goes on for the first half of each all_reduce (DDP's buckets)
+    late = [
+        Span("autograd::engine::evaluate_function: AddmmBackward0", SpanKind.OP, e.start_ns,
+             e.start_ns + MS // 2)
+        for e in events if e.rank == 0
+    ]  # fmt: skip
+    profiles[0] = replace(profiles[0], spans=profiles[0].spans + tuple(late))
+    result = breakdown(profiles, events)
+    assert result.ranks[0].overlap == pytest.approx(0.5)
+    assert result.ranks[1].overlap == 0.0  # its ops ended before the all_reduce began
+    assert [s.comm_ns for s in result.ranks[1].steps] == [MS] * 3
+    text = repr(ProfileView(profiles, events))
+    assert "comm/compute overlap" in text.splitlines()[1]
+    assert [line.split()[-1] for line in text.splitlines()[2:4]] == ["50%", "0%"]
+    no_collectives = breakdown(profiles, [])
+    assert no_collectives.ranks[0].overlap is None

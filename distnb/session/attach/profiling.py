@@ -64,29 +64,40 @@ def profile_report(job: JobSurface) -> ProfileView:
     profiles = _collect(job)
     job.profiling, job.profiled = [], {}
     began = {p.rank: p.windows[0][0] for p in profiles if p.windows}
-    events = [
+    events = [  # from the window's start, a step's end: each rank's calls of the steps profiled
         e
         for rank, found in job.events().items()
         for e, _ in found
-        if rank in began and (not e.end_ns or e.end_ns >= began[rank])
+        if rank in began and e.arrive_ns >= began[rank]
     ]
     infos = {r: job.link.registered(r) for r in began}
     hosts = {info.host if info is not None else f"rank {r}" for r, info in infos.items()}
-    return ProfileView(profiles, started(events, one_clock=len(hosts) == 1))
+    return ProfileView(profiles, aligned(events, one_clock=len(hosts) == 1))
 
 
-def started(events: Sequence[CollectiveEvent], one_clock: bool) -> list[CollectiveEvent]:
-    """`events` with each call's start where its last member arrived, as distnb's own ranks
-    record it (an agent does not exchange with its peers, so it notes only its arrival): a
-    rank's wait for its peers is that start less its arrival. Only where the ranks share one
-    clock (one host); else the wait is left in the collective's time."""
+def aligned(events: Sequence[CollectiveEvent], one_clock: bool) -> list[CollectiveEvent]:
+    """`events` with each call's start where its last member arrived and its end where its
+    first member saw it complete, as distnb's own ranks record them. An agent does not exchange
+    with its peers, so it notes only its arrival, and its work's end as the backend reports it,
+    which can come late (a rank busy when the backend's thread finishes): the members of one
+    collective end together. Only where the ranks share one clock (one host); else the wait is
+    left in the collective's time."""
     if not one_clock:
         return list(events)
-    last: dict[tuple[str, int], int] = {}
+    last_in: dict[tuple[str, int], int] = {}
+    first_out: dict[tuple[str, int], int] = {}
     for e in events:
         key = (e.group, e.seq)
-        last[key] = max(last.get(key, 0), e.arrive_ns)
-    return [replace(e, start_ns=max(e.start_ns, last[e.group, e.seq])) for e in events]
+        last_in[key] = max(last_in.get(key, 0), e.arrive_ns)
+        if e.end_ns:
+            first_out[key] = min(first_out.get(key, e.end_ns), e.end_ns)
+    out = []
+    for e in events:
+        key = (e.group, e.seq)
+        start = max(e.start_ns, last_in[key])
+        end = max(start, first_out[key]) if e.end_ns else 0
+        out.append(replace(e, start_ns=start, end_ns=end))
+    return out
 
 
 def _collect(job: JobSurface) -> list[RankProfile]:
