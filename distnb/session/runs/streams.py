@@ -60,16 +60,14 @@ def execute(views: Mapping[int, Any], code: str, logs: Mapping[int, StreamLog]) 
     the rank's log fed every stream message of its request: each rank's `Reply`.
 
     `DirectView.execute` offers no way to attach a callback before the request is sent, and one
-    attached after it may miss the first messages; so this is what `Client.send_execute_request`
-    does for each engine, with the log attached to the request's future before it leaves, and
-    what grew with the ranks done once a cell: the engines' identities are found at once, the
-    requests go to ipyparallel's I/O thread in one hand-off (one wake of its loop, not one per
-    rank), and one callback drops the requests from the client's caches once every reply and
-    output arrived (ipyparallel makes one per request). As `%px` does, the requests share one
-    `AsyncResult`, which drops their replies and metadata (one per rank cost ~0.7 ms each at
-    16 ranks).
+    attached after it may miss the first messages; so this does what `Client.send_execute_request`
+    does for each engine, with the log attached to the request's future before it leaves. What
+    ipyparallel does per request and need not, it does once a cell: the engines' identities are
+    found at once, the requests go to ipyparallel's I/O thread in one hand-off (one wake of its
+    loop, not one per rank), and one callback, once every reply and output arrived, drops the
+    requests from the client's caches (ipyparallel makes one per request, and `%px` one
+    `AsyncResult` of three combined futures more) and sets the event `wait_for_outputs` waits on.
     """
-    from ipyparallel.client.asyncresult import AsyncResult
     from ipyparallel.client.futures import multi_future
 
     if not views:
@@ -78,7 +76,7 @@ def execute(views: Mapping[int, Any], code: str, logs: Mapping[int, StreamLog]) 
     client, socket = first.client, first._socket  # every view of a client shares its socket
     if client._closed:
         raise OSError("Connections have been closed.")
-    idents, targets = client._build_targets([view.targets for view in views.values()])
+    idents, _ = client._build_targets([view.targets for view in views.values()])
     engines = set(client._engines.values())
     content = {"code": code, "silent": False, "user_expressions": {}}
     futures, sends = {}, []
@@ -98,19 +96,16 @@ def execute(views: Mapping[int, Any], code: str, logs: Mapping[int, StreamLog]) 
         for msg, ident in sends:
             client.session.send(socket, msg, ident=ident)
 
-    arrived = threading.Event()  # every reply and all their output
+    arrived = threading.Event()
 
     def forget(_f: Any) -> None:
-        for future in futures.values():
-            client._futures.pop(future.msg_id, None)
-            client._output_futures.pop(future.msg_id, None)
+        for msg_id in (future.msg_id for future in futures.values()):
+            for cache in (client._futures, client._output_futures, client.results, client.metadata):
+                cache.pop(msg_id, None)
         arrived.set()
 
-    replies = list(futures.values())
-    multi_future([f for r in replies for f in (r, r.output)]).add_done_callback(forget)
+    multi_future([f for r in futures.values() for f in (r, r.output)]).add_done_callback(forget)
     client._io_loop.add_callback(send)
-    # kept alive by its callbacks on the futures; drops their results and metadata after
-    AsyncResult(client, replies, fname="execute", targets=targets, owner=True)
     return {rank: Reply(future, arrived) for rank, future in futures.items()}
 
 
