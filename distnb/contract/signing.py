@@ -165,6 +165,11 @@ class Signed:
             self.forged.add(key)
         return value
 
+    def present(self, key: str) -> bool:
+        """Whether `key` holds a value, signed or not (one round trip; `multi_get` then reads
+        and checks it)."""
+        return bool(self._inner.check([key]))
+
     def check(self, names: Sequence[str]) -> bool:
         names = list(names)
         if not self._inner.check(names):

@@ -13,7 +13,8 @@ is written on both sides. Three channels, each a tagged union of records (the co
   (`answer_line`: `PROMPT_MARK` and the record's JSON) and told from a pdb command by
   `read_answer`;
 - back to the notebook: a `Reply` for each request and each `Call` (a value, or the error the
-  rank raised); `Recorded` (a collective with its fingerprint: what `Events` answers),
+  rank raised); `Taped` (what `Events` answers: `Recorded`s, collectives with their
+  fingerprints),
   `Listening` (where `Listen` started debugpy) and `AgentInfo` (what an agent says at its start,
   under `keys.agent_rank`).
 
@@ -61,6 +62,7 @@ __all__ = [
     "Status",
     "Stop",
     "StopAt",
+    "Taped",
     "Watch",
     "WatchReport",
     "answer_line",
@@ -94,10 +96,13 @@ class Status(Record):
 
 @dataclass(frozen=True, slots=True)
 class Events(Record):
-    """The rank's `last` collectives, each a `Recorded`."""
+    """The rank's collectives recorded from the `after`-th on (its tape counts them), the last
+    `last` of them at most: a `Taped`. The notebook asks from where its copy has gaps or calls
+    not ended, so a verdict moves only what changed."""
 
     kind: ClassVar[str] = "events"
     last: int = 1000
+    after: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +300,16 @@ class Recorded(Record):
 
     event: CollectiveEvent
     fingerprint: Fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class Taped(Record):
+    """What `Events` answers: the rank's collectives recorded so far (`count`), and those asked
+    for, the first of them the `first`-th."""
+
+    count: int
+    first: int
+    records: tuple[Recorded, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from distnb.records.agent import (
     Status,
     Stop,
     StopAt,
+    Taped,
     Watch,
     WatchReport,
     answer_line,
@@ -53,6 +54,7 @@ REQUESTS: list[AgentRequest] = [
     Status(),
     Events(),
     Events(last=7),
+    Events(last=1000, after=40),
     Stop(),
     Stop(StopAt.STEP),
     Hold(),
@@ -161,6 +163,7 @@ def test_answer_records_round_trip() -> None:
     fp = Fingerprint(1, "WORLD", 4, "all_reduce", inputs=(TensorSpec((4,), "float32"),))
     records: list[Any] = [
         Recorded(event, fp),
+        Taped(12, 11, (Recorded(event, fp),)),
         Listening("127.0.0.1", 5678, ("/usr/lib/python3",)),
         AgentInfo("node1", 123, 0, 2, 1.5),
     ]

@@ -9,7 +9,7 @@ the main thread is blocked in a collective or stopped in the debugger.
 Requests are the records of `distnb.records.agent` (`AgentRequest`), answered with a `Reply`:
 
 - `Status`: a `RankSnapshot` with the live stack of the main thread;
-- `Events` (`last`): the last collectives, each a `Recorded` (with its fingerprint);
+- `Events` (`last`, `after`): the collectives recorded from the `after`-th on, a `Taped`;
 - `Stop` (`at`: a collective or a step), `Hold`, `Release`, `Break` (`file`, `line`, `cond`),
   `Detach`: noted for the main thread (`safepoints`). A breakpoint's file and line are checked
   here, so a wrong one is refused at once with what is there; the file found is the reply
@@ -53,6 +53,7 @@ from distnb.records.agent import (
     Reply,
     Status,
     Stop,
+    Taped,
     dumps_reply,
     loads_request,
 )
@@ -122,8 +123,8 @@ class Server(threading.Thread):
         match request:
             case Status():
                 return self.snapshot().to_dict()
-            case Events(last=last):
-                return [r.to_dict() for r in self.events(last)]
+            case Events(last=last, after=after):
+                return self.events(last, after).to_dict()
             case Stop(at=at):
                 points.request_stop(at)
             case Hold():
@@ -192,12 +193,15 @@ class Server(threading.Thread):
             where=points.where,
         )
 
-    def events(self, last: int) -> list[Recorded]:
+    def events(self, last: int, after: int = 0) -> Taped:
+        """The collectives recorded from the `after`-th on, the last `last` at most."""
         tape = self.agent.tape
         ring = tape.recorder
-        start = max(0, ring.count - min(last, ring.size))
-        entries = (ring.ring[i % ring.size] for i in range(start, ring.count))
-        return [Recorded(entry_event(e), _fingerprint(tape, e)) for e in entries if e is not None]
+        count = ring.count
+        start = max(0, after, count - min(last, ring.size))
+        entries = (ring.ring[i % ring.size] for i in range(start, count))
+        found = [Recorded(entry_event(e), _fingerprint(tape, e)) for e in entries if e is not None]
+        return Taped(count, start, tuple(found))
 
 
 def _members(tape: Any, entry: list[Any]) -> tuple[int, ...]:

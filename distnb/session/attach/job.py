@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from distnb.records.agent import (
     Status,
     Stop,
     StopAt,
+    Taped,
     answer_line,
 )
 from distnb.records.attach import AgentState, RankSnapshot
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AttachedJob"]
 
+TAPE_KEPT = 1000  # of each rank's calls, the last kept here (`events`)
 RESUMED_S = 2.0  # how long `resume` waits to see the ranks it let go leave their stop
 # How long `debug` waits, after an answer, for a rank to stop again (a step over a collective
 # waits for the held peers to be let go and to get there); longer on a loaded machine.
@@ -81,6 +83,9 @@ class AttachedJob:
         # breakpoints set from the notebook, per rank: file found there -> as DAP writes them
         self.breaks: dict[int, dict[str, list[dict[str, Any]]]] = {}
         self.visual: JobPanel | None = None  # JupyterLab's panel on the ranks
+        # per rank: the number of its first call kept, and its calls, the last `TAPE_KEPT`
+        # (`events` asks for what is new or not ended since)
+        self.tapes: dict[int, tuple[int, list[Recorded]]] = {}
         self.profiling: list[int] = []  # ranks asked for a profile (`profiling`), not reported
         self.profiled: dict[int, RankProfile] = {}  # ... their profiles handed over so far
 
@@ -164,12 +169,18 @@ class AttachedJob:
         )
 
     def events(self, last: int = 1000) -> dict[int, list[tuple[CollectiveEvent, Fingerprint]]]:
-        """Each rank's last `last` collectives, with their fingerprints."""
-        replies = self._ask(Events(last), None, 5.0)
-        recorded = {r: [Recorded.from_dict(d) for d in rep.value] for r, rep in replies.items()}
+        """Each rank's last `last` collectives (at most `TAPE_KEPT`), with their fingerprints.
+
+        The notebook keeps a copy of each rank's and asks only from its first call not ended
+        (or after the last it has): a hung job's verdicts move nothing new."""
+        asks = {
+            r: Events(TAPE_KEPT, self.tapes[r][0] if r in self.tapes else 0) for r in self.ranks
+        }
+        for rank, reply in self._ask_each(asks, 5.0).items():
+            self.tapes[rank] = _kept(self.tapes.get(rank), Taped.from_dict(reply.value))
         return {
-            rank: [(e.event, e.fingerprint) for e in found]
-            for rank, found in sorted(recorded.items())
+            rank: [(e.event, e.fingerprint) for e in self.tapes[rank][1][-last:]]
+            for rank in sorted(self.tapes)
         }
 
     def verdicts(self, snapshots: Sequence[RankSnapshot] | None = None) -> list[str]:
@@ -419,20 +430,49 @@ class AttachedJob:
     def _ask(
         self, request: AgentRequest, ranks: Sequence[int] | None, timeout_s: float = 2.0
     ) -> dict[int, Reply]:
+        return self._ask_each(
+            dict.fromkeys(self.ranks if ranks is None else ranks, request), timeout_s
+        )
+
+    def _ask_each(
+        self, requests: Mapping[int, AgentRequest], timeout_s: float = 2.0
+    ) -> dict[int, Reply]:
         if not self.attached:
             raise SessionError("this job is detached: attach again with distnb.attach(...)")
         if self.gone:
             raise SessionError(self.ended_words())
         try:
-            replies = self.link.ask(self.ranks if ranks is None else ranks, request, timeout_s)
+            replies = self.link.ask_each(requests, timeout_s)
         except RuntimeError as exc:
             self._lost(exc)
             raise SessionError(self.ended_words()) from None
         errors = {r: rep.error for r, rep in replies.items() if rep.error is not None}
         if errors:
             rank, error = min(errors.items())
-            raise ConfigError(f"rank {rank} refused {request.kind}: {error}")
+            raise ConfigError(f"rank {rank} refused {requests[rank].kind}: {error}")
         return replies
+
+
+def _kept(before: tuple[int, list[Recorded]] | None, taped: Taped) -> tuple[int, list[Recorded]]:
+    """A rank's copy of its tape (`AttachedJob.tapes`: the number of its first call kept, and
+    the calls) with what the rank answered: the calls from `taped.first` on replace those the
+    copy had from there (their ends may have come since). A count below the copy's is a rank
+    whose agent started again, a first call past the copy's end a gap: it starts over."""
+    start, kept = before or (taped.first, [])
+    if taped.count < start + len(kept) or not start <= taped.first <= start + len(kept):
+        start, kept = taped.first, []  # or more calls came than the rank keeps: a gap
+    kept = kept[: taped.first - start] + list(taped.records)
+    dropped = max(0, len(kept) - TAPE_KEPT)
+    return start + dropped, kept[dropped:]
+
+
+def _asked_from(copy: tuple[int, list[Recorded]] | None) -> int:
+    """Where `events` asks a rank's tape from: its first call in the copy not ended, else the
+    call after the copy's last."""
+    if copy is None:
+        return 0
+    start, kept = copy
+    return start + next((i for i, r in enumerate(kept) if not r.event.end_ns), len(kept))
 
 
 def _alive(pid: int) -> bool:

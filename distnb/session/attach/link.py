@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from distnb import interrupts
 from distnb.contract import keys
@@ -69,12 +69,19 @@ class Link:
     ) -> dict[int, Reply]:
         """Each rank's reply (a value, or the error it raised); ranks silent for `timeout_s`
         are left out."""
-        body = dumps_request(request)
+        return self.ask_each(dict.fromkeys(ranks, request), timeout_s)
+
+    def ask_each(
+        self, requests: Mapping[int, AgentRequest], timeout_s: float = 2.0
+    ) -> dict[int, Reply]:
+        """`ask`, a request of its own to each rank."""
+        bodies: dict[AgentRequest, str] = {}
         pending = {}
         # a number taken is a request posted: a rank's agent reads its requests in turn, and
         # would wait for good on a number whose request Ctrl-C kept from coming
         with interrupts.held() as noted:
-            for rank in ranks:
+            for rank, request in requests.items():
+                body = bodies.get(request) or bodies.setdefault(request, dumps_request(request))
                 n = self.store.add(keys.agent_calls(rank), 1) - 1
                 self.store.set(keys.agent_request(rank, n), body)
                 pending[rank] = keys.agent_reply(rank, n)
@@ -82,11 +89,12 @@ class Link:
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout_s
         while pending:
-            for rank, key in list(pending.items()):
-                if self.store.check([key]):
-                    replies[rank] = loads_reply(self.store.get(key))
-                    self.store.delete_key(key)
-                    del pending[rank]
+            # the replies there, each read once: one read for all of them
+            ready = [rank for rank, key in pending.items() if self.store.present(key)]
+            keys_ = [pending.pop(rank) for rank in ready]
+            for rank, key, raw in zip(ready, keys_, self.store.multi_get(keys_), strict=True):
+                replies[rank] = loads_reply(raw or self.store.get(key))  # forged: `get` says so
+                self.store.delete_key(key)
             if not pending or time.monotonic() > deadline:
                 break
             time.sleep(_POLL_S)
