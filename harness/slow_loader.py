@@ -5,6 +5,7 @@ for `EPOCHS` epochs (default: until ended), printing `step <rank> <n>` every 10 
 tests profile it (`%dist_attach --profile N`)."""
 
 import os
+import sys
 import time
 
 import torch
@@ -49,8 +50,9 @@ def main() -> None:
             loss.backward()
             opt.step()
             step += 1
-            if step % 10 == 0:
-                print(f"step {rank} {step}", flush=True)
+            if step % 10 == 0:  # one write: the ranks share the log, line by line
+                sys.stdout.write(f"step {rank} {step}\n")
+                sys.stdout.flush()
     dist.destroy_process_group()
 
 

@@ -43,7 +43,7 @@ def _slow_data_named(view: ProfileView, steps: int) -> None:
 
 def test_dist_attach_profile_names_the_rank_with_the_slow_data_loader(tmp_path: Path) -> None:
     with job(tmp_path, script=SLOW) as jb:
-        jb.wait_for(r"step 1 10\b")
+        jb.wait_for(r"step 1 10(?!\d)")
         ip = magics_on(attached(jb.folder))
         out = io.StringIO()
         with redirect_stdout(out):
@@ -54,20 +54,20 @@ def test_dist_attach_profile_names_the_rank_with_the_slow_data_loader(tmp_path: 
         job_ = ip.magics_manager.registry["AttachMagics"].job
         assert job_.profiling == [] and job_.profiled == {}  # handed over, nothing left
         # the job goes on, unprofiled: its ranks dropped their profilers' hooks
-        jb.wait_for(r"step 1 40\b")
+        jb.wait_for(r"step 1 40(?!\d)")
         ip.run_line_magic("dist_attach", "--detach")
 
 
 def test_dist_profile_on_the_attached_job_runs_until_the_report(tmp_path: Path) -> None:
     with job(tmp_path, script=SLOW) as jb:
-        jb.wait_for(r"step 1 10\b")
+        jb.wait_for(r"step 1 10(?!\d)")
         j = attached(jb.folder)
         ip = magics_on(j)
         out = io.StringIO()
         with redirect_stdout(out):
             ip.run_line_magic("dist_profile", "")  # on the attached job: until --report
         assert "the optimizer steps until --report" in out.getvalue(), out.getvalue()
-        jb.wait_for(r"step 1 30\b")
+        jb.wait_for(r"step 1 30(?!\d)")
         view = j.profile_report()
         counts = [len(r.steps) for r in view.result.ranks]
         assert min(counts) >= 5, counts  # the steps between the ask and the report
@@ -174,7 +174,7 @@ KERNEL = textwrap.dedent(
 
 def test_ctrl_c_while_waiting_for_the_profile_leaves_it_to_the_report(tmp_path: Path) -> None:
     with job(tmp_path, script=SLOW) as jb:
-        jb.wait_for(r"step 1 10\b")
+        jb.wait_for(r"step 1 10(?!\d)")
         done = subprocess.run(
             [sys.executable, "-c", KERNEL, str(jb.folder)],
             capture_output=True,
