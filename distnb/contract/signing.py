@@ -165,10 +165,10 @@ class Signed:
             self.forged.add(key)
         return value
 
-    def present(self, key: str) -> bool:
-        """Whether `key` holds a value, signed or not (one round trip; `multi_get` then reads
-        and checks it)."""
-        return bool(self._inner.check([key]))
+    def present(self, names: Sequence[str]) -> bool:
+        """Whether every key of `names` holds a value, signed or not (one round trip, where
+        `check` also reads and verifies them; `multi_get` then reads and verifies them)."""
+        return bool(self._inner.check(list(names)))
 
     def check(self, names: Sequence[str]) -> bool:
         names = list(names)

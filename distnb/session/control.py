@@ -46,6 +46,7 @@ class ControlPlane:
         self.secret = "" if is_loopback(host) else secrets.token_hex(32)
         self.store: Any = self._signed(self._server)
         self._stack_requests: dict[int, int] = {}
+        self._beacons: dict[str, tuple[bytes, Beacon]] = {}  # key -> last read, as decoded
         self._asked: list[int] = []  # per rank, the requests for input read so far
         self._kept: dict[str, str] = {}  # the kernel's posts that ranks may still read
         self._answers: set[str] = set()  # kept until their rank deletes them (it read them)
@@ -195,19 +196,33 @@ class ControlPlane:
         """What the listed ranks last said about a long wait at a checked collective."""
         names = [keys.beacon(r) for r in ranks]
         # Every beacon is there from the start (`expect_ranks`): one look at all of them, and
-        # one at each only if a stranger deleted or forged one. A read on every wake of a
-        # cell's wait must not cost a round trip per rank (at 16 ranks that was a quarter of an
-        # empty cell's time).
-        if not self.store.check(names):
-            names = [n for n in names if self.store.check([n])]
+        # one at each only if a stranger deleted one; one read of them all, which verifies
+        # each (a forged one reads empty). A read on every wake of a cell's wait must not cost
+        # a round trip per rank (at 16 ranks that was a quarter of an empty cell's time), nor a
+        # decode per rank: a beacon is decoded when it changed.
+        if not _present(self.store, names):
+            names = [n for n in names if _present(self.store, [n])]
         values = self.store.multi_get(names) if names else []
         ask_for_forged(self.store)  # a forged beacon: its rank posts it again
-        return [Beacon.from_json(v) for v in values if v]
+        found = []
+        for name, raw in zip(names, values, strict=True):
+            if raw:
+                last = self._beacons.get(name)
+                if last is None or last[0] != raw:
+                    last = self._beacons[name] = (raw, Beacon.from_json(raw))
+                found.append(last[1])
+        return found
 
     def close(self) -> None:
         # The TCPStore server stops when its last reference goes.
         self.store = None
         self._server = None
+
+
+def _present(store: Any, names: list[str]) -> bool:
+    """Whether every key of `names` holds a value: one round trip, reading none (a signed
+    store's `check` also reads and verifies them)."""
+    return bool(store.present(names) if hasattr(store, "present") else store.check(names))
 
 
 def ask_for_forged(store: Any) -> None:

@@ -90,7 +90,7 @@ class Link:
         deadline = time.monotonic() + timeout_s
         while pending:
             # the replies there, each read once: one read for all of them
-            ready = [rank for rank, key in pending.items() if self.store.present(key)]
+            ready = [rank for rank, key in pending.items() if self.store.present([key])]
             keys_ = [pending.pop(rank) for rank in ready]
             for rank, key, raw in zip(ready, keys_, self.store.multi_get(keys_), strict=True):
                 replies[rank] = loads_reply(raw or self.store.get(key))  # forged: `get` says so
