@@ -390,18 +390,18 @@ def main(args: argparse.Namespace) -> None:
                     nodes.close()
         finally:
             lan.close()
-    for ranks, found in forked.items():
-        print(f"# 2 hosts x {ranks} ranks, forked on each host against one ssh per engine")
-        for unit, what in (("s", "start to ready"), ("MB", "hosts' PSS, ready")):
-            mine, theirs = found[f"forked {unit}"], found[f"per engine {unit}"]
-            name = f"{what}, 2x{ranks} ({unit})"
-            print(_row(name, mine, theirs, unit, "one ssh per engine"))
-    for ranks, found in slurm_forked.items():
-        print(f"# a Slurm job, 2 nodes x {ranks} tasks, forked on each node against a task each")
-        for unit, what in (("s", "start to ready"), ("MB", "nodes' PSS, ready")):
-            mine, theirs = found[f"forked {unit}"], found[f"per task {unit}"]
-            name = f"{what}, 2x{ranks} ({unit})"
-            print(_row(name, mine, theirs, unit, "one engine per task"))
+    ways = (  # heading, the peer's key and name, where the engines run
+        (forked, "# 2 hosts x {} ranks, forked on each host against one ssh per engine",
+         "per engine", "one ssh per engine", "hosts'"),
+        (slurm_forked, "# a Slurm job, 2 nodes x {} tasks, forked on each node against a task each",
+         "per task", "one engine per task", "nodes'"),
+    )  # fmt: skip
+    for results, heading, peer, peer_name, where in ways:
+        for ranks, found in results.items():
+            print(heading.format(ranks))
+            for unit, what in (("s", "start to ready"), ("MB", f"{where} PSS, ready")):
+                mine, theirs = found[f"forked {unit}"], found[f"{peer} {unit}"]
+                print(_row(f"{what}, 2x{ranks} ({unit})", mine, theirs, unit, peer_name))
     if not forked and not slurm_forked:
         print(f"# 2 hosts x {RANKS_PER_HOST} ranks; the order of the starts rotates")
     label = "ipyparallel ssh + torch + gloo"

@@ -88,6 +88,21 @@ class Job:
             time.sleep(0.1)
 
 
+def in_fresh_kernel(source: str, folder: Path, runs: Path) -> str:
+    """The output of `source` run in a fresh interpreter (its own IPython shell, as a kernel's)
+    with the run folder `folder` as its argument; it must end well."""
+    done = subprocess.run(
+        [sys.executable, "-c", source, str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DISTNB_RUNS": str(runs)},
+        timeout=START_S,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    return out
+
+
 @contextmanager
 def job(
     tmp: Path,

@@ -5,9 +5,6 @@ and `%dist_profile` on the attached job name the slow rank and its cause, as on 
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 import textwrap
 import time
 from contextlib import redirect_stdout
@@ -19,7 +16,7 @@ from IPython.core.error import UsageError
 from distnb.errors import ConfigError
 from distnb.judgement.slowness import Phase
 from distnb.views.profiling import ProfileView
-from harness.jobs import START_S, job
+from harness.jobs import in_fresh_kernel, job
 from tests.attach.test_attach import attached
 from tests.attach.test_inside import magics_on
 
@@ -175,15 +172,7 @@ KERNEL = textwrap.dedent(
 def test_ctrl_c_while_waiting_for_the_profile_leaves_it_to_the_report(tmp_path: Path) -> None:
     with job(tmp_path, script=SLOW) as jb:
         jb.wait_for(r"step 1 10(?!\d)")
-        done = subprocess.run(
-            [sys.executable, "-c", KERNEL, str(jb.folder)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "DISTNB_RUNS": str(tmp_path / "runs")},
-            timeout=START_S,
-        )
-        out = done.stdout + done.stderr
-        assert done.returncode == 0, out[-3000:]
+        out = in_fresh_kernel(KERNEL, jb.folder, tmp_path / "runs")
         said = [line for line in out.splitlines() if "interrupted" in line]
         assert said == [
             "KeyboardInterrupt: %dist_attach was interrupted while it waited for the profile: "
