@@ -19,6 +19,10 @@ one that ends the loop, starts the left-out tail), else each *cell* is one step.
     compute             torch ops and modules' forward, outside the phases above
     other host time     the rest of the step: Python between ops, sleeps, I/O
 
+A straggler whose compute is late because its **ops** run slower, while its main thread had no
+more CPU time per step than its peers' (the thread's CPU clock, read at each step), did the same
+work with less of a CPU: something else runs on its cores, and the verdict says so.
+
 **Overlap**: the share of a rank's collective time (a collective's start to its end, on the
 backend's thread) during which its own torch ops ran (DDP's gradient all_reduce beside the rest
 of the backward), as HTA's "comm/compute overlap"; a module's span is not compute for it (a
@@ -64,6 +68,7 @@ MIN_LATE_NS = 500_000
 MIN_LATE_SHARE = 0.05
 MODULE_SHARE = 0.8  # a module explaining this share of the best op's difference is named instead
 NAMED_SHARE = 0.8  # a name explaining less of its phase's difference is said with the phase
+STARVED_OPS, STARVED_CPU = 1.3, 1.15  # ops this much slower, on at most this much more CPU
 
 
 class Phase(str, Enum):
@@ -102,6 +107,12 @@ class StepTime:
     names: Mapping[str, int] = field(default_factory=dict)
     comm_ns: int = 0  # its collectives' time, start to end, whatever else ran meanwhile
     overlap_ns: int = 0  # ... of which its torch ops ran beside them (module doc)
+    cpu_ns: int = 0  # its main thread's CPU time (0: not measured)
+
+    @property
+    def ops_ns(self) -> int:
+        """Its torch ops' time (not their modules')."""
+        return sum(ns for name, ns in self.names.items() if name.startswith("op:"))
 
     @property
     def busy_ns(self) -> int:
@@ -147,8 +158,22 @@ class Straggler:
     peers_ns: float
     phase_mine_ns: float = 0.0  # the phase's own times, when `what` explains only part of it
     phase_peers_ns: float = 0.0
+    # its ops slower with no more CPU time than its peers': its main thread's CPU per step,
+    # and its peers' median (0: not so)
+    cpu_mine_ns: float = 0.0
+    cpu_peers_ns: float = 0.0
 
     def __str__(self) -> str:
+        said = self._said()
+        if not self.cpu_mine_ns:
+            return said
+        return (
+            f"{said}; its ops ran slower with no more CPU time than the others' "
+            f"({_ms(self.cpu_mine_ns)} against {_ms(self.cpu_peers_ns)} per {self.unit}): "
+            "something else runs on its cores"
+        )
+
+    def _said(self) -> str:
         late = f"rank {self.rank} is {_ms(self.late_ns)} late per {self.unit}"
         cause = _cause_words(self.phase, self.what)
         against = f"{_ms(self.mine_ns)} against {_ms(self.peers_ns)}"
@@ -285,7 +310,9 @@ def _rank_breakdown(
         phases = {p: length(clip(exclusive[p], a, b)) for p in PRECEDENCE}
         phases[Phase.OTHER] = max(0, (b - a) - sum(phases.values()))
         both = length(clip(comm, a, b)), length(clip(overlapped, a, b))
-        steps.append(StepTime(profile.rank, i, a + offset, b + offset, phases, names[i], *both))
+        cpu = _cpu_at(profile.cpu, b) - _cpu_at(profile.cpu, a)
+        step = StepTime(profile.rank, i, a + offset, b + offset, phases, names[i], *both, cpu)
+        steps.append(step)
     return RankBreakdown(profile.rank, tuple(steps))
 
 
@@ -352,6 +379,19 @@ def clip(intervals: Sequence[Interval], a: int, b: int) -> list[Interval]:
     return out
 
 
+def _cpu_at(samples: Sequence[tuple[int, int]], t: int) -> int:
+    """The main thread's CPU ns at instant `t`, between the samples around it (0: none)."""
+    if not samples:
+        return 0
+    i = bisect_right(samples, (t, 1 << 62))
+    if i == 0:
+        return samples[0][1]
+    if i == len(samples):
+        return samples[-1][1]
+    (t0, c0), (t1, c1) = samples[i - 1], samples[i]
+    return c0 + (c1 - c0) * (t - t0) // max(1, t1 - t0)
+
+
 def intersect(xs: Sequence[Interval], ys: Sequence[Interval]) -> list[Interval]:
     """The instants in both `xs` and `ys` (each disjoint and sorted)."""
     out: list[Interval] = []
@@ -393,7 +433,23 @@ def find_straggler(
     phase = max(_BUSY, key=lambda p: _excess(mine, peers, lambda s: s.phases.get(p, 0))[0])
     what, mine_ns, peers_ns = _culprit(phase, mine, peers)
     _, phase_mine, phase_peers = _excess(mine, peers, lambda s: s.phases.get(phase, 0))
-    return Straggler(slow, late, unit, phase, what, mine_ns, peers_ns, phase_mine, phase_peers)
+    cpu = _starved(mine, peers) if phase is Phase.COMPUTE else (0.0, 0.0)
+    return Straggler(
+        slow, late, unit, phase, what, mine_ns, peers_ns, phase_mine, phase_peers, *cpu
+    )
+
+
+def _starved(mine: Sequence[StepTime], peers: Sequence[Sequence[StepTime]]) -> tuple[float, float]:
+    """(its CPU per step, its peers' median) when its ops took `STARVED_OPS` times its peers'
+    with at most `STARVED_CPU` times their CPU time: the same work, less of a CPU (its cores
+    shared); else (0, 0). Sleeps and waits inside modules slow no op, and take no CPU."""
+    if not all(s.cpu_ns for s in mine) or not all(s.cpu_ns for p in peers for s in p):
+        return 0.0, 0.0
+    _, ops_mine, ops_peers = _excess(mine, peers, lambda s: s.ops_ns)
+    _, cpu_mine, cpu_peers = _excess(mine, peers, lambda s: s.cpu_ns)
+    if ops_mine >= STARVED_OPS * ops_peers and cpu_mine <= STARVED_CPU * cpu_peers:
+        return cpu_mine, cpu_peers
+    return 0.0, 0.0
 
 
 def _excess(

@@ -67,6 +67,7 @@ class _Armed:
         self.profiler: Any = None
         self.windows: list[list[int]] = []
         self.marks: list[int] = []  # monotonic reads inside markers (`_anchor`)
+        self.cpu: list[tuple[int, int]] = []  # (monotonic, main thread's CPU) at bounds
         self.runs: list[int] = []
         self.offset_ns, self.precision_ns, self.cost_ns = 0, 0, 0
         self.done = False  # the step limit was reached: no more windows
@@ -99,16 +100,23 @@ class _Armed:
         if self.shell is not None:
             self.runs.append(_run_id())
         self.windows.append([time.monotonic_ns(), 0])
+        self._sample()
 
     def _post(self, result: Any = None) -> None:
         if self.windows and not self.windows[-1][1]:
             self.windows[-1][1] = time.monotonic_ns()
+            self._sample()
         self.modules.clear()  # a forward that raised left its record_function open
         if self.done:
             self._stop()
 
+    def _sample(self) -> None:
+        self.cpu.append((time.monotonic_ns(), time.thread_time_ns()))
+
     def _stepped(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
         self.steps += 1
+        if not self.done:
+            self._sample()
         if self.steps >= (MOST_STEPS if self.limit is None else self.limit):
             self._last_step()
 
@@ -196,6 +204,7 @@ class _Armed:
             clock_precision_ns=precision,
             dropped=dropped,
             cost_ns=self.cost_ns + time.monotonic_ns() - began,
+            cpu=tuple(self.cpu),
         )
 
 

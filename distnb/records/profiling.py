@@ -60,6 +60,8 @@ class RankProfile(Record):
     `clock_precision_ns`: how far the profiler's clock, mapped onto the rank's, can be off (half
     the marker that maps it). `dropped`: spans left out past the rank's bound (the newest kept).
     `cost_ns`: what starting and reading the profiler cost the rank, outside the windows.
+    `cpu`: (monotonic ns, its main thread's CPU ns) at each window's start and end and each
+    optimizer step's end: how much of its time the thread had a CPU.
     """
 
     rank: int
@@ -70,6 +72,7 @@ class RankProfile(Record):
     clock_precision_ns: int = 0
     dropped: int = 0
     cost_ns: int = 0
+    cpu: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,3 +275,27 @@ def test_the_share_of_collectives_beside_the_ranks_own_ops_is_its_overlap() -> N
     assert [line.split()[-1] for line in text.splitlines()[2:4]] == ["50%", "0%"]
     no_collectives = breakdown(profiles, [])
     assert no_collectives.ranks[0].overlap is None
+
+
+def _with_cpu(profile: RankProfile, per_step_ms: float) -> RankProfile:
+    """`profile` with its main thread's CPU clock read at its window's start and each step's
+    end, `per_step_ms` of CPU a step."""
+    ends = sorted(s.end_ns for s in profile.spans if s.name.startswith("Optimizer.step"))
+    samples = [(profile.windows[0][0], 0)]
+    samples += [(t, int((i + 1) * per_step_ms * MS)) for i, t in enumerate(ends)]
+    return replace(profile, cpu=tuple(samples))
+
+
+def test_ops_slower_on_no_more_cpu_say_the_ranks_cores_are_shared() -> None:
+    profiles, events = job(data=[1, 1], compute=[5, 10])  # rank 1's ops take twice as long
+    shared = [_with_cpu(profiles[0], 5), _with_cpu(profiles[1], 5.2)]  # on the same CPU time
+    s = breakdown(shared, events).straggler
+    assert s is not None and (s.rank, s.phase) == (1, Phase.COMPUTE), str(s)
+    assert s.cpu_mine_ns == pytest.approx(5.2 * MS) and s.cpu_peers_ns == pytest.approx(5 * MS)
+    assert str(s).endswith(
+        "its ops ran slower with no more CPU time than the others' (5.2 ms against 5.0 ms per "
+        "step): something else runs on its cores"
+    )
+    more_work = [_with_cpu(profiles[0], 5), _with_cpu(profiles[1], 10)]  # a bigger batch
+    assert breakdown(more_work, events).straggler.cpu_mine_ns == 0  # type: ignore[union-attr]
+    assert "cores" not in str(breakdown(profiles, events).straggler)  # no CPU clock read

@@ -177,3 +177,28 @@ def test_a_profile_without_a_step_count_ends_after_the_most_steps(
     p = _profile(5)
     assert len([s for s in p.spans if s.name.startswith("Optimizer.step")]) == 3
     assert p.steps_limit is None
+
+
+def test_the_main_threads_cpu_time_is_read_at_each_step(armed: None) -> None:
+    """A step that sleeps has the CPU for little of its time; one that computes, for most."""
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    profiling.arm()
+    cell = profiling._armed
+    assert cell is not None
+    cell._pre()
+    for sleeping in (True, False):
+        began = time.monotonic_ns()
+        if sleeping:
+            time.sleep(0.05)
+        else:
+            while time.monotonic_ns() - began < 50_000_000:
+                model(torch.randn(64, 256)).sum().backward()
+        opt.step()
+    cell._post()
+    p = profiling.collect()
+    assert p is not None and len(p.cpu) == 4  # the window's start, 2 steps, its end
+    (t0, c0), (t1, c1), (t2, c2), _ = p.cpu
+    assert (c1 - c0) < 0.2 * (t1 - t0)  # asleep: off the CPU
+    # computing: on it, as much as a busy machine lets it, far more than asleep
+    assert (c2 - c1) > 10 * (c1 - c0) and (c2 - c1) > 0.05 * (t2 - t1)
