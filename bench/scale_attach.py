@@ -50,7 +50,15 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distnb.judgement import snapshot
-from distnb.records.agent import Events, Recorded, Reply, Status, dumps_reply, loads_reply
+from distnb.records.agent import (
+    Events,
+    Recorded,
+    Reply,
+    Status,
+    Taped,
+    dumps_reply,
+    loads_reply,
+)
 from distnb.records.attach import RankSnapshot
 
 ASKED = 1000  # the collectives `AttachedJob.events()` asks each rank for
@@ -329,7 +337,7 @@ def _encode(value: RankSnapshot | list[Recorded]) -> str:
     """What an agent's serving thread does with what it answers (`Server.handle`)."""
     if isinstance(value, RankSnapshot):
         return dumps_reply(Reply(value.to_dict()))
-    return dumps_reply(Reply([x.to_dict() for x in value]))
+    return dumps_reply(Reply(Taped(len(value), 0, tuple(value)).to_dict()))
 
 
 def _decode_status(raw: str) -> RankSnapshot:
@@ -339,7 +347,7 @@ def _decode_status(raw: str) -> RankSnapshot:
 
 def _decode_events(raw: str) -> list[Recorded]:
     """What the notebook does with an Events reply (`Link.ask`, `AttachedJob.events`)."""
-    return [Recorded.from_dict(d) for d in loads_reply(raw).value]
+    return list(Taped.from_dict(loads_reply(raw).value).records)
 
 
 # --- the judgement ----------------------------------------------------------------------------
