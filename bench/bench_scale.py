@@ -161,7 +161,7 @@ def row(world: int, rounds: dict[str, list[float]]) -> str:
 def sessions(world: int, repeats: int, cells: int) -> dict[str, list[float]]:
     """Starts (distnb against raw ipyparallel + torch + gloo, alternating which goes first) and
     empty cells (`session.run("")` against `%px`'s execute + wait for output, rounds rotated)."""
-    from bench_session import cell_times, distnb_start, raw_start_stopped
+    from bench_session import cell_costs, distnb_start, raw_start_stopped
 
     times: dict[str, list[float]] = {"distnb start": [], "raw start": []}
     for i in range(repeats):
@@ -171,8 +171,8 @@ def sessions(world: int, repeats: int, cells: int) -> dict[str, list[float]]:
         times["distnb start"].append(elapsed)
         try:
             if i == 0:
-                cell = cell_times(session, cells)
-                times["distnb cell"], times["px cell"] = cell["distnb"], cell["raw+output"]
+                cell, _ = cell_costs(session, cells)
+                times["distnb cell"], times["px cell"] = cell["distnb"], cell["px"]
         finally:
             session.stop()
         if i % 2 == 1:

@@ -114,52 +114,33 @@ def _runs(pid: int) -> bool:
         return False
 
 
-def cell_times(session: distnb.Session, rounds: int) -> dict[str, list[float]]:
-    """kind -> its empty cell's time in each round (s). A round runs one cell of each kind, the
-    order rotated round by round, so drift on a busy machine hits all kinds alike and each
-    kind's time pairs with the others' from the same round."""
-    view = session.cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
-
-    def raw_with_output() -> None:
-        ar = view.execute("", block=False)
-        ar.get()
-        ar.wait_for_output()
-
-    kinds: dict[str, Callable[[], Any]] = {
-        "distnb": lambda: session.run(""),
-        "raw": lambda: view.execute("", block=True),
-        "raw+output": raw_with_output,
-        "raw again": lambda: view.execute("", block=True),  # the control
-    }
-    names = list(kinds)
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for r in range(-WARMUP_ROUNDS, rounds):  # the rounds below 0 warm up and are not counted
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            t = time.perf_counter()
-            kinds[name]()
-            if r >= 0:
-                times[name].append(time.perf_counter() - t)
-    return times
-
-
-def cell_costs(
-    session: distnb.Session, rounds: int
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """The wall time and the kernel's CPU time (this process's `process_time`) of each kind of
-    empty cell in each round (s): distnb's, `%px`'s (execute + wait for output) and `%px`'s
-    again (the control), the order rotated round by round, after uncounted warm-up rounds."""
-    view = session.cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
+def _px(view: Any) -> Callable[[], None]:
+    """`%px`'s empty cell: execute, and wait for its output."""
 
     def px() -> None:
         ar = view.execute("", block=False)
         ar.get()
         ar.wait_for_output()
 
+    return px
+
+
+def cell_costs(
+    session: distnb.Session, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The wall time and the kernel's CPU time (this process's `process_time`) of each kind of
+    empty cell in each round (s): distnb's, raw ipyparallel's (`raw`, `raw again`: the control),
+    `%px`'s (execute + wait for output) and `%px`'s again (the control). A round runs one cell
+    of each kind, the order rotated round by round, so drift on a busy machine hits all kinds
+    alike and each kind's time pairs with the others' from the same round; uncounted warm-up
+    rounds first."""
+    view = session.cluster.client[[r.engine_id for r in session.ranks]]  # type: ignore[union-attr]
     kinds: dict[str, Callable[[], Any]] = {
         "distnb": lambda: session.run(""),
-        "px": px,
-        "px again": px,
+        "raw": lambda: view.execute("", block=True),
+        "raw again": lambda: view.execute("", block=True),
+        "px": _px(view),
+        "px again": _px(view),
     }
     names = list(kinds)
     wall: dict[str, list[float]] = {k: [] for k in kinds}
@@ -323,7 +304,7 @@ def run(args: argparse.Namespace) -> None:
         t_ours, session = distnb_start()
         starts.append(t_ours)
         if i == 0:
-            cells = cell_times(session, args.cells)
+            cells, _ = cell_costs(session, args.cells)
             shapes = shapes_times(session)
             release, runs = desync_release_times(session)
         stops.append(stop_time(session))
@@ -359,7 +340,7 @@ def run(args: argparse.Namespace) -> None:
         _row(
             "empty cell round trip (ms)",
             cells["distnb"],
-            cells["raw+output"],
+            cells["px"],
             1e3,
             "raw execute + wait for output",
         ),
