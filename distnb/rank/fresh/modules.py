@@ -15,7 +15,8 @@ of `sys.modules` for the run (and the cells' put back after it), except those th
 - distnb itself (the session's state).
 
 Everything else, Accelerate, transformers, the user's own packages and the modules beside the
-script, is imported afresh by each run that uses it.
+script, is imported afresh by each run that uses it; a module whose state is only a cache of
+what is installed (`caches`) is taken from an earlier run that imported it in the same setting.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import sys
 import sysconfig
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from distnb.rank.fresh.caches import CacheFinder
 
 __all__ = ["ModulesPart"]
 
@@ -51,6 +54,7 @@ class ModulesPart:
         self._joined: Modules = {}
         self._verdicts: dict[str, bool] = {}  # top-level name -> kept (a run checks thousands)
         self._staying: set[str] = set()  # modules found kept: they stay kept, never checked again
+        self._caches = CacheFinder()  # during a run only: the cells import as they always do
 
     def capture(self) -> Modules:
         return dict(sys.modules)
@@ -65,8 +69,10 @@ class ModulesPart:
             sys.modules.setdefault(name, module)
         # a file written since the last import (an edited helper next to the script) is seen
         importlib.invalidate_caches()
+        self._caches.install()
 
     def restore(self, saved: Modules) -> None:
+        self._caches.uninstall()
         self._drop(saved)
         sys.modules.update(saved)
 
