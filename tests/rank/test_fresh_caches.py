@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from distnb.rank import fresh
-from distnb.rank.fresh.caches import CacheFinder
+from distnb.rank.fresh.caches import KEPT, CacheFinder
 
 CACHE = "transformers.utils.import_utils"
 
@@ -54,15 +54,24 @@ def test_a_run_reuses_the_import_structure_and_imports_transformers_afresh(joine
     assert not any(isinstance(f, CacheFinder) for f in sys.meta_path)  # a cell imports as ever
 
 
-def test_a_run_whose_environment_differs_at_the_import_imports_it_afresh(joined: None) -> None:
-    _, kept, _ = _run()
+def _import_under(variable: str | None) -> Any:
+    """A run that sets `variable` (none: sets nothing) and then imports the cache module."""
     with fresh.as_fresh():
-        os.environ["DISTNB_CACHE_TEST"] = "1"  # as a script sets a variable before its imports
+        if variable is not None:
+            os.environ[variable] = "1"  # as a script sets one before its imports
         import transformers.utils.import_utils as utils
 
-        assert utils is not kept
-    with fresh.as_fresh():  # the copy made under that variable is not one for a plain run
-        import transformers.utils.import_utils as again
+        return utils
 
-        assert again is not utils
+
+def test_a_run_whose_environment_differs_at_the_import_gets_a_copy_of_its_own(
+    joined: None,
+) -> None:
+    plain = _import_under(None)
+    other = _import_under("DISTNB_CACHE_TEST")  # Lightning sets a variable before its import
+    assert other is not plain
+    assert _import_under(None) is plain and _import_under("DISTNB_CACHE_TEST") is other
     assert "DISTNB_CACHE_TEST" not in os.environ
+    for n in range(KEPT):  # the copies least recently used go first
+        _import_under(f"DISTNB_CACHE_TEST_{n}")
+    assert _import_under("DISTNB_CACHE_TEST") is not other

@@ -10,7 +10,9 @@ constants and `lru_cache`s of what is installed and what the environment says; a
 under the same environment and files makes the same. So a run reuses the copy an earlier run
 imported when `os.environ`, `sys.path` and the site folders are as they were at that import,
 with the module's names as they were right after it (a run that rebinds one, a test's patch,
-leaves no trace); otherwise it imports it as usual, and that copy is the one kept next.
+leaves no trace); otherwise it imports it as usual, and keeps that copy too. Lightning sets a
+variable of its own before it imports transformers, so its runs and a Trainer's each keep one;
+the `KEPT` most recently used copies are kept.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHES", "CacheFinder"]
+__all__ = ["CACHES", "KEPT", "CacheFinder"]
 
 CACHES = frozenset({"transformers.utils.import_utils"})
+KEPT = 4
 
 Key = tuple[Any, ...]  # what a cache module's import saw: environment, path, the path's folders
 
@@ -36,7 +39,8 @@ class CacheFinder(importlib.abc.MetaPathFinder):
     """First on `sys.meta_path` during a run: finds `CACHES` modules, as kept or afresh."""
 
     def __init__(self) -> None:
-        self.kept: dict[str, tuple[Key, ModuleType, dict[str, Any]]] = {}
+        # (name, key) -> the module and its names right after its import; oldest use first
+        self.kept: dict[tuple[str, Key], tuple[ModuleType, dict[str, Any]]] = {}
 
     def install(self) -> None:
         if self not in sys.meta_path:
@@ -52,10 +56,10 @@ class CacheFinder(importlib.abc.MetaPathFinder):
         if fullname not in CACHES:
             return None
         key = _key()
-        found = self.kept.get(fullname)
-        if found is not None and found[0] == key:
-            _, module, names = found
-            return importlib.machinery.ModuleSpec(fullname, _Again(module, names))
+        found = self.kept.pop((fullname, key), None)
+        if found is not None:
+            self.kept[fullname, key] = found  # the most recently used last
+            return importlib.machinery.ModuleSpec(fullname, _Again(*found))
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return spec
@@ -74,10 +78,14 @@ class _Afresh(importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        # `__spec__.loader` and `__loader__` as a plain import leaves them
-        module.__loader__ = module.__spec__.loader = self.loader
+        spec = module.__spec__
+        assert spec is not None  # the import machinery set it (`module_from_spec`)
+        module.__loader__ = spec.loader = self.loader  # as a plain import leaves them
         self.loader.exec_module(module)
-        self.finder.kept[module.__name__] = (self.key, module, dict(module.__dict__))
+        kept = self.finder.kept
+        kept[module.__name__, self.key] = (module, dict(module.__dict__))
+        while len(kept) > KEPT:
+            del kept[next(iter(kept))]
 
 
 class _Again(importlib.abc.Loader):
@@ -97,7 +105,7 @@ class _Again(importlib.abc.Loader):
 def _key() -> Key:
     """The environment, the path, and the installed packages (the site folders change as a
     package is installed or removed)."""
-    folders = []
+    folders: list[int | None] = []
     for folder in _SITE:
         try:
             folders.append(os.stat(folder).st_mtime_ns)
