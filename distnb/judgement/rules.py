@@ -20,8 +20,12 @@ from distnb.records.collective import Fingerprint, MatchKind, TensorSpec
 
 
 def _group_rule(fps: Sequence[Fingerprint]) -> Found | None:
-    labels = {(f.group, f.group_ranks) for f in fps}
-    if len(labels) == 1:
+    first = fps[0]
+    members = first.group_ranks  # records decoded from one reply share it: no N-long compare
+    if all(
+        f.group == first.group and (f.group_ranks is members or f.group_ranks == members)
+        for f in fps
+    ):
         return None
     odd = odd_ones({f.rank: (f.group, f.group_ranks) for f in fps})
     names = per_rank({f.rank: group_name(f) for f in fps}, " on ")

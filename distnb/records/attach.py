@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from distnb.records.codec import Record
+from distnb.records.codec import Ranks, Record
 from distnb.records.collective import CallSite, CollectiveEvent, Fingerprint
 
 __all__ = ["AgentState", "OpenCall", "RankSnapshot", "StackFrame"]
@@ -51,7 +51,7 @@ class OpenCall(Record):
     group_name: str
     seq: int
     op: str
-    members: tuple[int, ...]
+    members: Ranks
     site: CallSite
     age_s: float = 0.0
     fingerprint: Fingerprint | None = None

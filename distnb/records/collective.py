@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from enum import Enum
 
-from distnb.records.codec import Record
+from distnb.records.codec import Ranks, Record
 
 __all__ = [
     "CallSite",
@@ -150,7 +150,7 @@ class Fingerprint(Record):
     count: int | None = None
     finite: bool | None = None
     tag: int = 0
-    group_ranks: tuple[int, ...] = ()
+    group_ranks: Ranks = ()
     site: CallSite = field(default_factory=lambda: CallSite("", 0))
     origin: str = ""
     params: tuple[Param, ...] = ()

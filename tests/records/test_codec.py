@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from distnb.records.cell import EngineProbe, RankFailure, RankInfo, RankReport, RankSpec, RankState
-from distnb.records.codec import decode, encode
+from distnb.records.codec import decode, dumps_many, encode
 from distnb.records.collective import (
     CallSite,
     CollectiveEvent,
@@ -178,3 +178,17 @@ def test_errors_name_the_record_and_field() -> None:
         decode(ShapeScan, {"rank": 0, "entries": [{"kind": "blob"}]})
     with pytest.raises(ValueError, match=r"TensorSpec\.dtype: found null"):
         decode(TensorSpec, {"shape": [], "dtype": None})
+
+
+def test_a_groups_members_are_written_as_runs_and_shared_once_decoded() -> None:
+    world = tuple(range(4096))
+    records = [replace(FP, seq=s, group_ranks=world) for s in range(3)]
+    payload = json.loads(dumps_many(records))
+    assert [p["group_ranks"] for p in payload] == [[[0, 4095]]] * 3  # not 4,096 numbers each
+    back = [decode(Fingerprint, p) for p in payload]
+    assert back == records
+    assert back[0].group_ranks is back[1].group_ranks is back[2].group_ranks
+    odd = replace(FP, group_ranks=(5, 6, 7, 0, 2, 3))  # a group's order is its group ranks'
+    assert encode(odd)["group_ranks"] == [[5, 7], [0, 0], [2, 3]]
+    assert decode(Fingerprint, encode(odd)).group_ranks == (5, 6, 7, 0, 2, 3)
+    assert decode(Fingerprint, encode(FP) | {"group_ranks": [3, 1]}).group_ranks == (3, 1)
