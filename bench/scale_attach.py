@@ -6,14 +6,14 @@ asks the same): `snapshots()` asks every rank's agent for a `Status`, `events()`
 1,000 collectives (`Events(1000)`), each through `Link.ask`, and `distnb.judgement.snapshot`
 judges what came back. Per rank and per ask, the notebook's client makes, one after the other
 (`Link.ask` over the signed store, `Signed` over `WireStore`): `add` (the request's number: a
-round trip), `set` (the request: sent, not answered), `check` (is the reply there: a round trip;
-where it is, the signed store reads it to verify it: `multi_get`, a wait and a read, 2 round
-trips), `get` (the reply again: a wait and a read, 2 round trips) and `delete_key` (1): 7 round
-trips and the reply read twice. The rank's agent makes 5 requests more at the same server (its
-wait's answer, a wait and a read of the request, its deletion, the reply). Every reply lists,
-for the collective the rank is in and for every recorded collective, its group's members
-(`OpenCall.members`, `Fingerprint.group_ranks`): N numbers at N ranks in every record, so what
-crosses the store, what is decoded and what is judged grow as N x N.
+round trip), `set` (the request: sent, not answered), `check` (is the reply there: a round trip,
+repeated while the agents answer), `multi_get` (every reply there, read and verified in one
+request: a wait and a read, 2 round trips shared by the ranks it reads) and `delete_key` (1): 5
+round trips at most, each reply read once. The rank's agent makes 5 requests more at the same
+server (its wait's answer, a wait and a read of the request, its deletion, the reply). Every
+record of a collective names its group's members (`OpenCall.members`,
+`Fingerprint.group_ranks`); the codec writes them as runs of ranks (`codec.Ranks`), so a record
+does not grow with the world, and records decoded from one reply share one tuple of members.
 
 Measured here:
 
@@ -30,7 +30,7 @@ Measured here:
   the job's by their constructors (`dataclasses.replace`) for N ranks;
 - `judgement_costs`: `snapshot.verdicts` on such records of N ranks with E collectives each,
   as `AttachedJob.verdicts` calls it (the members' tuple is one object shared by every record,
-  where decoded records hold one each).
+  as in records decoded from replies).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ ASKED = 1000  # the collectives `AttachedJob.events()` asks each rank for
 # round trips of each client call on the wire (`distnb.contract.storewire`): a `set` is not
 # answered; `get` and `multi_get` wait for their keys first
 TRIPS = {"add": 1, "set": 0, "check": 1, "multi_get": 2, "get": 2, "delete_key": 1, "wait": 1}
-PER_ASK = 6  # the notebook's requests per rank and per ask, when its reply is there at once
-TRIPS_PER_ASK = 7  # their round trips
+PER_ASK = 5  # the notebook's requests per rank and per ask, when its reply is there at once
+TRIPS_PER_ASK = 5  # their round trips, at most (a multi_get reads every reply then there)
 AGENT_REQUESTS = 5  # per rank and per ask, at the same server (see the module)
 PROBE_RANKS = 2
 
@@ -361,7 +361,8 @@ def judgement_costs(
 ) -> tuple[dict[tuple[int, int], float], tuple[float, float, float]]:
     """`judge` timed on N ranks with E collectives each, at (N, E) in `points` (`in_rounds`),
     and fitted as N (j0 + j1 E) + N^2 E j2: every rank's records read once, and every recorded
-    collective's members compared (`matching`'s group rule: N fingerprints of N members each)."""
+    collective's members compared (`matching`'s group rule: N fingerprints, whose N members are
+    one shared tuple, compared by identity; j2 measures what is left of N x N)."""
     cases: dict[Any, Callable[[], Any]] = {}
     for n, e in points:
         snaps, events = ranks_records(probe, n, e)
@@ -476,15 +477,15 @@ def report(m: AttachModel, sizes: Sequence[int]) -> None:
         f"{len(p.events[0])} collectives recorded) it took {took * 1e3:.1f} ms (median of "
         f"{p.repeats}), with store requests {asked} ({p.trips} round trips; the checks "
         f"beyond {2 * p.ranks} are polls while the agents answer), "
-        f"{p.read / p.ranks / 1e3:.0f} kB read per rank (each reply twice); attaching read "
+        f"{p.read / p.ranks / 1e3:.0f} kB read per rank (each reply once); attaching read "
         f"each agent's registration too ({registered / p.ranks:.0f} requests per rank). "
         "Its verdict: " + " | ".join(p.verdicts)
     )
     here = m.verdict(p.ranks, len(p.events[0]))
     shown = ", ".join(f"{t * 1e6:.0f} us per rank at {b / 1e3:.0f} kB" for b, t in m.asked.items())
     print(
-        f"# per rank and per ask, {PER_ASK} requests ({TRIPS_PER_ASK} round trips) and its reply "
-        f"read twice; agents {AGENT_REQUESTS} requests more at the server. Measured here: "
+        f"# per rank and per ask, {PER_ASK} requests ({TRIPS_PER_ASK} round trips at most) and its "
+        f"reply read once; agents {AGENT_REQUESTS} requests more at the server. Measured here: "
         f"Link.ask on replies posted before, {shown}: {m.per_rank * 1e6:.0f} us + "
         f"{m.per_byte * 1e9:.2f} ns per reply byte; an add's round trip {m.add * 1e6:.0f} us; "
         f"the server's time per request c = {m.server * 1e6:.1f} us"
