@@ -107,7 +107,7 @@ def test_an_optimizer_step_with_a_closure_is_its_time_after_the_closure(armed: N
         opt.zero_grad()
         loss = model(torch.randn(4, 16)).pow(2).mean()
         loss.backward()
-        time.sleep(0.005)
+        time.sleep(0.05)
         return loss
 
     profiling.arm()
@@ -124,7 +124,7 @@ def test_an_optimizer_step_with_a_closure_is_its_time_after_the_closure(armed: N
     assert len(steps) == len(forwards) == 2
     for step, forward in zip(steps, forwards, strict=True):
         assert step.start_ns > forward.end_ns  # the step's own time: after its closure
-        assert step.duration_ns < 5_000_000  # the closure's sleep is not the optimizer's
+        assert step.duration_ns < 50_000_000  # the closure's 50 ms sleep is not the optimizer's
     ops = {s.name for s in p.spans if s.kind is SpanKind.OP}
     assert {"aten::mean", "aten::pow"} <= ops  # the closure's own ops, outside any module
 
