@@ -4,13 +4,14 @@ the model of `bench_scale.py --part model`.
 One verdict is `AttachedJob.status()` (what `%dist_attach` shows after attaching; `verdicts()`
 asks the same): `snapshots()` asks every rank's agent for a `Status`, `events()` for its last
 1,000 collectives (`Events(1000)`), each through `Link.ask`, and `distnb.judgement.snapshot`
-judges what came back. Per rank and per ask, the notebook's client makes, one after the other
-(`Link.ask` over the signed store, `Signed` over `WireStore`): `add` (the request's number: a
-round trip), `set` (the request: sent, not answered), `check` (is the reply there: a round trip,
-repeated while the agents answer), `multi_get` (every reply there, read and verified in one
-request: a wait and a read, 2 round trips shared by the ranks it reads) and `delete_key` (1): 5
-round trips at most, each reply read once. The rank's agent makes 5 requests more at the same
-server (its wait's answer, a wait and a read of the request, its deletion, the reply). Every
+judges what came back. Per ask, the notebook's client makes (`Link.ask` over the signed store,
+`Signed` over `WireStore`), each a batch of one query per rank sent in one write whose answers
+come in order: `add` (the requests' numbers: a round trip), `set` (the requests: sent, not
+answered), `check` (which replies are there: a round trip, repeated while the agents answer),
+`multi_get` (every reply there, read and verified in one request: a wait and a read, 2 round
+trips) and `delete_key` (1): 5 requests per rank, 5 round trips in all, each reply read once
+(the server still answers each request in turn). The rank's agent makes 5 requests more at the
+same server (its wait's answer, a wait and a read of the request, its deletion, the reply). Every
 record of a collective names its group's members (`OpenCall.members`,
 `Fingerprint.group_ranks`); the codec writes them as runs of ranks (`codec.Ranks`), so a record
 does not grow with the world, and records decoded from one reply share one tuple of members.
@@ -65,24 +66,37 @@ ASKED = 1000  # the collectives `AttachedJob.events()` asks each rank for
 # round trips of each client call on the wire (`distnb.contract.storewire`): a `set` is not
 # answered; `get` and `multi_get` wait for their keys first
 TRIPS = {"add": 1, "set": 0, "check": 1, "multi_get": 2, "get": 2, "delete_key": 1, "wait": 1}
+# `WireStore`'s batches: one query per key in one write (`Link.ask` sends every rank's at once)
+BATCHES = {
+    "add_each": "add",
+    "set_each": "set",
+    "present_each": "check",
+    "delete_each": "delete_key",
+}
 PER_ASK = 5  # the notebook's requests per rank and per ask, when its reply is there at once
-TRIPS_PER_ASK = 5  # their round trips, at most (a multi_get reads every reply then there)
+TRIPS_PER_ASK = 5  # the round trips of an ask, whatever the number of ranks (batches)
 AGENT_REQUESTS = 5  # per rank and per ask, at the same server (see the module)
 PROBE_RANKS = 2
 
 
 class Counted:
-    """A store client's calls counted, with the bytes its reads returned and its writes sent."""
+    """A store client's queries counted by torch's names (a batch, `add_each`, as its queries),
+    with the round trips they took and the bytes its reads returned and its writes sent."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.calls, self.read, self.sent = inner, dict[str, int](), 0, 0
+        self.round_trips = 0
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)
 
         def counted(*args: Any) -> Any:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            self.sent += len(args[1]) if name == "set" else 0
+            query = BATCHES.get(name, name)
+            many = len(args[0]) if name in BATCHES else 1
+            self.calls[query] = self.calls.get(query, 0) + many
+            self.round_trips += TRIPS.get(query, 1)  # a batch: one write, its answers in order
+            if query == "set":
+                self.sent += sum(len(v) for _, v in args[0]) if name in BATCHES else len(args[1])
             out = method(*args)
             if name == "get":
                 self.read += len(out)
@@ -93,7 +107,7 @@ class Counted:
         return counted
 
     def trips(self) -> int:
-        return sum(TRIPS.get(k, 1) * n for k, n in self.calls.items())
+        return self.round_trips
 
 
 @dataclass
@@ -443,12 +457,14 @@ class AttachModel:
         status, told = c.status_bytes, calls * c.event_bytes
         store = n * (2 * self.per_rank + 2 * AGENT_REQUESTS * self.server)
         store += n * (status + told) * self.per_byte
-        # each agent answers while the notebook posts the requests of the ranks after it: the
-        # rank asked first keeps the notebook waiting for what its answer takes longer
+        # each agent answers while the server takes the requests of the ranks after it (an add
+        # and a set each, in one batch): the rank asked first keeps the notebook waiting for
+        # what its answer takes longer
         own_status, own_call = self.answering()
         answer_status = own_status + c.encode_status
         answer_events = calls * (own_call + c.encode_event)
-        agents = sum(max(0.0, t - n * self.add) for t in (answer_status, answer_events))
+        posting = 2 * n * self.server
+        agents = sum(max(0.0, t - posting) for t in (answer_status, answer_events))
         decode = n * (c.decode_status + calls * c.decode_event)
         j0, j1, j2 = self.fit
         judgement = n * (j0 + j1 * calls) + n * n * calls * j2
@@ -484,8 +500,9 @@ def report(m: AttachModel, sizes: Sequence[int]) -> None:
     here = m.verdict(p.ranks, len(p.events[0]))
     shown = ", ".join(f"{t * 1e6:.0f} us per rank at {b / 1e3:.0f} kB" for b, t in m.asked.items())
     print(
-        f"# per rank and per ask, {PER_ASK} requests ({TRIPS_PER_ASK} round trips at most) and its "
-        f"reply read once; agents {AGENT_REQUESTS} requests more at the server. Measured here: "
+        f"# per rank and per ask, {PER_ASK} requests, in batches of every rank's "
+        f"({TRIPS_PER_ASK} round trips an ask), and its reply read once; agents "
+        f"{AGENT_REQUESTS} requests more at the server. Measured here: "
         f"Link.ask on replies posted before, {shown}: {m.per_rank * 1e6:.0f} us + "
         f"{m.per_byte * 1e9:.2f} ns per reply byte; an add's round trip {m.add * 1e6:.0f} us; "
         f"the server's time per request c = {m.server * 1e6:.1f} us"

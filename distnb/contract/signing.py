@@ -203,6 +203,37 @@ class Signed:
     def delete_key(self, key: str) -> bool:
         return bool(self._inner.delete_key(key))
 
+    # one write for many queries where the inner store has them (`WireStore`), else in turn
+
+    def add_each(self, names: Sequence[str], value: int) -> list[int]:
+        batch = getattr(self._inner, "add_each", None)
+        if batch is not None:
+            return list(batch(names, value))
+        return [self.add(k, value) for k in names]
+
+    def set_each(self, items: Sequence[tuple[str, str | bytes]]) -> None:
+        sealed = [(k, self._sealed(k, v)) for k, v in items]
+        batch = getattr(self._inner, "set_each", None)
+        if batch is not None:
+            batch(sealed)
+            return
+        for k, v in sealed:
+            self._inner.set(k, v)
+
+    def present_each(self, names: Sequence[str]) -> list[bool]:
+        batch = getattr(self._inner, "present_each", None)
+        if batch is not None:
+            return list(batch(names))
+        return [self.present([k]) for k in names]
+
+    def delete_each(self, names: Sequence[str]) -> None:
+        batch = getattr(self._inner, "delete_each", None)
+        if batch is not None:
+            batch(names)
+            return
+        for k in names:
+            self._inner.delete_key(k)
+
     def num_keys(self) -> int:
         return int(self._inner.num_keys())
 

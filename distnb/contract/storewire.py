@@ -16,6 +16,11 @@ goes away, or never answers, raises `StoreGone` (torch: `DistNetworkError`). Bot
 `RuntimeError`s, as torch's are. One query at a time per client (a lock): a thread that waits
 long needs a client of its own, as with torch's. A query cut half-way (Ctrl-C) costs its
 connection, and the next query makes a new one.
+
+Beyond torch's client: `add_each`, `set_each`, `present_each` and `delete_each` send one query
+per key in one write and then read the answers, which both servers give in order. The notebook
+asks every rank of an attached job at once, and so pays one round trip for all of them where
+one query after the other pays one per rank.
 """
 
 from __future__ import annotations
@@ -257,6 +262,38 @@ class WireStore:
         with self._exchange():
             self._send(bytes([Query.DELETE_KEY]) + _string(self._prefix + key))
             return self._recv_int() == 1
+
+    # --- one write for many queries -----------------------------------------------------------
+
+    def add_each(self, names: Sequence[str], value: int) -> list[int]:
+        """`add(name, value)` for each of `names`: the values after."""
+        data = b"".join(
+            bytes([Query.ADD]) + _string(self._prefix + k) + _INT.pack(value) for k in names
+        )
+        with self._exchange():
+            self._send(data)
+            return [self._recv_int() for _ in names]
+
+    def set_each(self, items: Sequence[tuple[str, str | bytes]]) -> None:
+        data = b"".join(
+            bytes([Query.SET]) + _string(self._prefix + k) + _string(v) for k, v in items
+        )
+        with self._exchange():
+            self._send(data)
+
+    def present_each(self, names: Sequence[str]) -> list[bool]:
+        """Whether each of `names` holds a value (`check([name])` for each)."""
+        data = b"".join(bytes([Query.CHECK]) + self._keys([k]) for k in names)
+        with self._exchange():
+            self._send(data)
+            return [self._recv(1)[0] == _READY for _ in names]
+
+    def delete_each(self, names: Sequence[str]) -> None:
+        data = b"".join(bytes([Query.DELETE_KEY]) + _string(self._prefix + k) for k in names)
+        with self._exchange():
+            self._send(data)
+            for _ in names:
+                self._recv_int()
 
     def num_keys(self) -> int:
         """Every key of the store, under any prefix (as `PrefixStore.num_keys` counts)."""

@@ -81,6 +81,28 @@ def test_every_operation_means_what_torchs_does(server: dist.TCPStore) -> None:
     ours.close()
 
 
+def test_many_queries_in_one_write_are_answered_in_order(server: dist.TCPStore) -> None:
+    ours, theirs = wire(server), torch_client(server)
+    names = [f"calls/{r}" for r in range(500)]  # an attached job's ranks, asked at once
+    theirs.add("calls/7", 4)
+    numbers = ours.add_each(names, 1)
+    assert numbers == [5 if n == "calls/7" else 1 for n in names]
+    ours.set_each([(f"req/{r}", f"body {r}") for r in range(500)])
+    assert [theirs.get(f"req/{r}") for r in (0, 250, 499)] == [b"body 0", b"body 250", b"body 499"]
+    theirs.set("reply/3", b"done")
+    asked = [f"reply/{r}" for r in range(6)]
+    assert ours.present_each(asked) == [r == 3 for r in range(6)]
+    ours.delete_each([f"req/{r}" for r in range(500)] + ["never/set"])
+    assert not theirs.check(["req/0"]) and not theirs.check(["req/499"])
+    assert ours.add("calls/7", 0) == 5  # the connection is in step after every batch
+    signed = Signed(wire(server), SECRET)
+    signed.set_each([("s/0", "zero"), ("s/1", "one")])
+    assert SignedStore(theirs, SECRET).get("s/1") == b"one"
+    assert signed.present_each(["s/0", "s/2"]) == [True, False] and signed.add_each(["x"], 2) == [2]
+    ours.close()
+    signed.close()
+
+
 def test_a_wait_ends_when_the_keys_come_or_at_its_timeout(server: dist.TCPStore) -> None:
     ours, theirs = wire(server), torch_client(server)
     threading.Timer(0.2, lambda: theirs.set("later", "x")).start()

@@ -76,25 +76,31 @@ class Link:
     ) -> dict[int, Reply]:
         """`ask`, a request of its own to each rank."""
         bodies: dict[AgentRequest, str] = {}
-        pending = {}
+        ranks = list(requests)
         # a number taken is a request posted: a rank's agent reads its requests in turn, and
-        # would wait for good on a number whose request Ctrl-C kept from coming
+        # would wait for good on a number whose request Ctrl-C kept from coming. Every rank's
+        # number, request, presence check and deletion goes in one write (`WireStore.add_each`)
         with interrupts.held() as noted:
-            for rank, request in requests.items():
+            numbers = self.store.add_each([keys.agent_calls(r) for r in ranks], 1)
+            posts = []
+            for rank, n in zip(ranks, numbers, strict=True):
+                request = requests[rank]
                 body = bodies.get(request) or bodies.setdefault(request, dumps_request(request))
-                n = self.store.add(keys.agent_calls(rank), 1) - 1
-                self.store.set(keys.agent_request(rank, n), body)
-                pending[rank] = keys.agent_reply(rank, n)
+                posts.append((keys.agent_request(rank, n - 1), body))
+            self.store.set_each(posts)
         noted.check()
+        pending = {r: keys.agent_reply(r, n - 1) for r, n in zip(ranks, numbers, strict=True)}
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout_s
         while pending:
             # the replies there, each read once: one read for all of them
-            ready = [rank for rank, key in pending.items() if self.store.present([key])]
+            there = self.store.present_each(list(pending.values()))
+            ready = [rank for rank, yes in zip(pending, there, strict=True) if yes]
             keys_ = [pending.pop(rank) for rank in ready]
-            for rank, key, raw in zip(ready, keys_, self.store.multi_get(keys_), strict=True):
-                replies[rank] = loads_reply(raw or self.store.get(key))  # forged: `get` says so
-                self.store.delete_key(key)
+            if keys_:
+                for rank, key, raw in zip(ready, keys_, self.store.multi_get(keys_), strict=True):
+                    replies[rank] = loads_reply(raw or self.store.get(key))  # forged: `get` says
+                self.store.delete_each(keys_)
             if not pending or time.monotonic() > deadline:
                 break
             time.sleep(_POLL_S)
