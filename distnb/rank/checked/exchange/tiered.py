@@ -66,7 +66,7 @@ __all__ = [
 AGREED = b"="
 _DIFFER = b"!"
 # From this many hosts on, the leaders agree by dissemination: near where the model puts the
-# crossover (`bench/bench_scale.py --part model`: 150-835 hosts across runs here; it moves
+# crossover (`bench/bench_scale.py --part model`: 107-835 hosts across runs here; it moves
 # with the store's costs). Measured at 8, 16 and 32 single-rank hosts on 2 cores (32 of them
 # rehearsal hosts: `bench/bench_spread_hosts.py`), the rounds cost more than every leader
 # reading every summary. `DISTNB_SPREAD_HOSTS` sets it (tests).
