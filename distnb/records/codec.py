@@ -99,8 +99,13 @@ def encode(record: DataclassInstance) -> dict[str, Any]:
 
 def decode(cls: type[R], data: Mapping[str, Any]) -> R:
     """Rebuild a `cls` from `encode`'s output (or its JSON round trip); unknown keys are ignored."""
+    fields = _plan(cls).fields
+    try:  # every key there and every value good, as `encode` writes them: one pass
+        return cls(**{name: from_json(data[name]) for name, _, from_json, _ in fields})
+    except (KeyError, TypeError, ValueError):
+        pass  # a key left out (an older writer's) takes its default; a bad value is named
     kwargs: dict[str, Any] = {}
-    for name, _, from_json, required in _plan(cls).fields:
+    for name, _, from_json, required in fields:
         if name not in data:
             if required:
                 raise ValueError(f"{cls.__name__} needs {name!r}; found keys {sorted(data)}")
@@ -164,7 +169,7 @@ def _decoder(hint: Any) -> Convert:
         return lambda d: None if d is None else some(d)
     if origin is tuple and args[-1:] == (Ellipsis,):
         item = _decoder(args[0])
-        return lambda d: tuple(item(x) for x in _not_null(hint, d))
+        return lambda d: tuple([item(x) for x in _not_null(hint, d)])
     if origin is tuple:
         items = [_decoder(a) for a in args]
         return lambda d: tuple(f(x) for f, x in zip(items, _not_null(hint, d), strict=True))
@@ -176,7 +181,7 @@ def _decoder(hint: Any) -> Convert:
         return lambda d: decode(record, _not_null(hint, d))
     if hint in (*_SCALARS, float) or (isinstance(hint, type) and issubclass(hint, Enum)):
         # float() reads back "nan", "inf" and "-inf"; an Enum is built from its value
-        return lambda d: hint(_not_null(hint, d))
+        return lambda d: d if type(d) is hint else hint(_not_null(hint, d))
     raise TypeError(f"the record codec cannot decode {hint!r}")
 
 
