@@ -289,7 +289,7 @@ def report(end: bool = False) -> Profiled:
     (handed over once); `end`: end a profile asked without a step count at the next step."""
     global _steps, _end
     job = _steps
-    if job is None:
+    if job is None or _drop:  # dropped: gone to the notebook now, to the rank at its next step
         return Profiled(asked=bool(_asked), steps=0, limit=_asked[0] if _asked else None)
     if not job.finished:
         _end = _end or (end and job.limit is None)

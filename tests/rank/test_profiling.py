@@ -159,6 +159,7 @@ def test_an_attached_rank_profiles_whole_steps_from_the_step_it_is_asked_in(arme
         profiling.ask(None)
         _train(2)
         profiling.drop()  # a detach: dropped at the next step, nothing handed over
+        assert profiling.report() == Profiled(asked=False)  # and none to a new notebook now
         _train(1)
         assert profiling.report() == Profiled(asked=False)
     finally:
