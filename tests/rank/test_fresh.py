@@ -4,12 +4,15 @@ run. Real modules, real logging, warnings, signals, torch switches and generator
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import gc
 import logging
 import os
 import signal
 import sys
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,6 +219,74 @@ def test_runs_get_new_seeds_and_the_cells_sequence_goes_on(joined: Path) -> None
     assert draws[0][2] != draws[1][2]
     after = torch.rand(3), random.random()
     assert torch.equal(after[0], expected[0]) and after[1] == expected[1]
+
+
+EXITLIB = """
+import atexit, typing
+
+class Thing:
+    pass
+
+MAYBE = typing.Optional[Thing]  # typing caches the alias, and Thing with it
+
+@typing.overload
+def f(x: int) -> int: ...
+@typing.overload
+def f(x: str) -> str: ...
+def f(x):
+    return x
+
+def bye():
+    with open(LOG, "a") as log:
+        log.write("exitlib\\n")
+
+atexit.register(bye)
+"""
+
+
+def test_a_runs_atexit_handlers_run_at_its_end_and_its_modules_are_let_go(
+    joined: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = joined / "exits.log"
+    (joined / "exitlib.py").write_text(f"LOG = {str(log)!r}\n" + EXITLIB)
+
+    def the_scripts() -> None:
+        with open(log, "a") as out:
+            out.write("script\n")
+
+    def failing() -> None:
+        raise ValueError("a handler that fails")
+
+    def the_process() -> None:
+        with open(log, "a") as out:
+            out.write("kept\n")
+
+    def registers(module: str, *handler: object) -> None:
+        """`atexit.register(*handler)` as the module `module` calls it."""
+        names = {"__name__": module, "atexit": atexit, "handler": handler}
+        exec("atexit.register(*handler)", names)
+
+    with fresh.as_fresh():
+        import exitlib
+
+        thing = weakref.ref(exitlib.Thing)
+        del exitlib
+        registers("__main__", the_scripts)  # the script's
+        registers("__main__", failing)
+        registers("__main__", print, "done")  # a builtin, the script's all the same
+        registers("json", the_process)  # a module the process keeps
+        assert not log.exists()
+    try:
+        assert log.read_text().splitlines() == ["script", "exitlib"]  # the last first
+        said = capsys.readouterr()
+        assert "Exception ignored in atexit callback" in said.err and said.out == "done\n"
+        gc.collect()
+        assert thing() is None  # neither typing nor atexit holds the run's module
+        with fresh.as_fresh():
+            pass  # the handlers ran once: they were unregistered
+        assert log.read_text().splitlines() == ["script", "exitlib"]
+    finally:
+        atexit.unregister(the_process)  # left for the process's exit
 
 
 def test_outside_a_rank_nothing_is_reset() -> None:

@@ -17,6 +17,11 @@ of `sys.modules` for the run (and the cells' put back after it), except those th
 Everything else, Accelerate, transformers, the user's own packages and the modules beside the
 script, is imported afresh by each run that uses it; a module whose state is only a cache of
 what is installed (`caches`) is taken from an earlier run that imported it in the same setting.
+
+A run's modules, taken out after it, are let go of where the process keeps them: `typing`
+caches every generic alias it makes (`Optional[Trainer]`) and notes every `@overload`, and
+`atexit` every handler registered (`exits`), which would hold each run's classes, and all that
+their modules reach, for the process's life.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ import os
 import re
 import sys
 import sysconfig
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from distnb.rank.fresh.caches import CacheFinder
+from distnb.rank.fresh.exits import RunExits
 
 __all__ = ["ModulesPart"]
 
@@ -55,6 +62,7 @@ class ModulesPart:
         self._verdicts: dict[str, bool] = {}  # top-level name -> kept (a run checks thousands)
         self._staying: set[str] = set()  # modules found kept: they stay kept, never checked again
         self._caches = CacheFinder()  # during a run only: the cells import as they always do
+        self._exits = RunExits()
 
     def capture(self) -> Modules:
         return dict(sys.modules)
@@ -70,22 +78,33 @@ class ModulesPart:
         # a file written since the last import (an edited helper next to the script) is seen
         importlib.invalidate_caches()
         self._caches.install()
+        self._exits.start()
 
     def restore(self, saved: Modules) -> None:
         self._caches.uninstall()
-        self._drop(saved)
+        self._exits.end(set(self._leaving(saved)))  # as the worker exits: its modules loaded
+        _let_go(self._drop(saved))
         sys.modules.update(saved)
 
-    def _drop(self, keep: Mapping[str, Any]) -> None:
-        """Take out every module that is neither in `keep` nor the process's."""
+    def _drop(self, keep: Mapping[str, Any]) -> list[str]:
+        """Take out every module that is neither in `keep` nor the process's; their names."""
+        leaving = self._leaving(keep)
+        for name in leaving:
+            del sys.modules[name]
+        return leaving
+
+    def _leaving(self, keep: Mapping[str, Any]) -> list[str]:
+        """The modules loaded that are neither in `keep` nor the process's."""
         staying = self._staying
         new = [name for name in list(sys.modules) if name not in keep and name not in staying]
         self._note_compiled(new)
+        leaving = []
         for name in new:
             if self.kept(name):
                 staying.add(name)
             else:
-                sys.modules.pop(name, None)
+                leaving.append(name)
+        return leaving
 
     def kept(self, name: str) -> bool:
         """Whether the module `name` stays loaded from one run to the next."""
@@ -104,6 +123,17 @@ class ModulesPart:
             if top not in self._compiled and _is_extension(sys.modules.get(name)):
                 self._compiled.add(top)
                 self._verdicts.pop(top, None)
+
+
+def _let_go(names: Iterable[str]) -> None:
+    """Forget what `typing` keeps of the modules `names` (see the module): its caches of
+    generic aliases are emptied (they fill again as aliases are made), and the overloads
+    noted for those modules dropped."""
+    for clear in getattr(typing, "_cleanups", ()):
+        clear()
+    registry = getattr(typing, "_overload_registry", {})
+    for name in names:
+        registry.pop(name, None)
 
 
 def _is_extension(module: object) -> bool:

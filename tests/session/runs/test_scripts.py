@@ -33,10 +33,15 @@ pytestmark = pytest.mark.cluster
 SCRIPTS = {
     # What torchrun's users write: argparse, init_process_group, DDP, destroy at the end.
     "train.py": """\
-        import argparse, os, sys
+        import argparse, atexit, os, sys
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        @atexit.register
+        def goodbye() -> None:  # as the worker exits; here, as the run ends
+            print(f"rank {os.environ['RANK']} exits")
 
 
         def main() -> None:
@@ -248,7 +253,7 @@ def test_a_torchrun_script_prints_what_it_prints_under_torchrun(
     for rank, text in enumerate(theirs):
         assert text, f"torchrun's rank {rank} printed nothing"
         assert rank_lines(ours, rank) == text.splitlines()
-    assert "weights" in theirs[0]
+    assert "weights" in theirs[0] and theirs[1].endswith("rank 1 exits\n")
     print(f"train.py: %dist_run {distnb_s:.2f} s, torchrun {torchrun_s:.2f} s", file=sys.stderr)
 
 
