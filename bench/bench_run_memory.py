@@ -8,8 +8,9 @@ leaves stays in its session), each running `harness/frameworks.py`'s Lightning f
 up and then `--runs` times, reading rank 0's live objects (after `gc.collect()`) and resident
 size after each run:
 
-- as shipped: the run's `atexit` handlers run at its end, and `typing`'s caches and overloads
-  let go of its modules (`distnb.rank.fresh.exits`, `modules._let_go`);
+- as shipped: the run's `atexit` handlers run at its end, its fork handlers are dropped, and
+  `typing`'s caches and overloads let go of its modules (`distnb.rank.fresh.hooks`,
+  `modules._let_go`);
 - release off (a private switch, for this bench only): the handlers stay registered and
   `typing` keeps what it made, as runs went before.
 
@@ -38,15 +39,17 @@ from results import saved
 import distnb
 from harness.frameworks import CASES
 
-# The private switch: no handler run or unregistered, typing's caches left as they are.
+# The private switch: no handler run or unregistered, fork handlers registered for good,
+# typing's caches left as they are.
 RELEASE_OFF = """\
-import distnb.rank.fresh.modules as _m, distnb.rank.fresh.exits as _e
+import distnb.rank.fresh.modules as _m, distnb.rank.fresh.hooks as _h
 _m._let_go = lambda names: None
-_end = _e.RunExits.end
+_end = _h.RunHooks.end
 def _kept_all(self, dropped):
-    self._handlers = []
+    self._exits = []
     _end(self, ())
-_e.RunExits.end = _kept_all
+_h.RunHooks.end = _kept_all
+_h.RunHooks._register_at_fork = lambda self, **handlers: _h._register_at_fork(**handlers)
 """
 READ = """\
 import gc, psutil

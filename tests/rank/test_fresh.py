@@ -222,7 +222,7 @@ def test_runs_get_new_seeds_and_the_cells_sequence_goes_on(joined: Path) -> None
 
 
 EXITLIB = """
-import atexit, typing
+import atexit, os, typing
 
 class Thing:
     pass
@@ -240,11 +240,16 @@ def bye():
     with open(LOG, "a") as log:
         log.write("exitlib\\n")
 
+def forked():
+    with open(LOG, "a") as log:
+        log.write("forked\\n")
+
 atexit.register(bye)
+os.register_at_fork(after_in_child=forked)  # as huggingface_hub does
 """
 
 
-def test_a_runs_atexit_handlers_run_at_its_end_and_its_modules_are_let_go(
+def test_a_runs_atexit_and_fork_handlers_are_its_own_and_its_modules_are_let_go(
     joined: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = joined / "exits.log"
@@ -276,6 +281,9 @@ def test_a_runs_atexit_handlers_run_at_its_end_and_its_modules_are_let_go(
         registers("__main__", print, "done")  # a builtin, the script's all the same
         registers("json", the_process)  # a module the process keeps
         assert not log.exists()
+        _fork_and_wait()  # the run's fork handler is called in the child
+        assert log.read_text() == "forked\n"
+        log.unlink()
     try:
         assert log.read_text().splitlines() == ["script", "exitlib"]  # the last first
         said = capsys.readouterr()
@@ -284,9 +292,17 @@ def test_a_runs_atexit_handlers_run_at_its_end_and_its_modules_are_let_go(
         assert thing() is None  # neither typing nor atexit holds the run's module
         with fresh.as_fresh():
             pass  # the handlers ran once: they were unregistered
+        _fork_and_wait()  # and the fork handler was the run's only
         assert log.read_text().splitlines() == ["script", "exitlib"]
     finally:
         atexit.unregister(the_process)  # left for the process's exit
+
+
+def _fork_and_wait() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)  # the fork handlers have run
+    assert os.waitpid(pid, 0)[1] == 0
 
 
 def test_outside_a_rank_nothing_is_reset() -> None:

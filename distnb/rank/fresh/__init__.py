@@ -6,10 +6,10 @@ from the run before. A rank's process lives for the whole session, so each piece
 is captured when the rank joins (`remember`), set back to it when a run starts, and the cells'
 own put back when the run ends (`as_fresh`): `reset`, over parts of that state each captured,
 made fresh and put back. Which modules a run imports afresh, and letting go of them after it:
-`modules` (and `exits`, their `atexit` handlers); the interpreter's state: `interpreter`; what
-tells a notebook from a script (`sys.ps1`, IPython's builtins and shell, which frameworks
-probe): `notebook`; torch's switches: `switches`; torch's config modules, the random
-generators and process groups: `torchstate`.
+`modules` (and `hooks`, the run's `atexit` and fork handlers); the interpreter's state:
+`interpreter`; what tells a notebook from a script (`sys.ps1`, IPython's builtins and shell,
+which frameworks probe): `notebook`; torch's switches: `switches`; torch's config modules, the
+random generators and process groups: `torchstate`.
 
 Why not a new process per run: the rank's process carries the engine (its output, stdin and
 debugger, live stacks, Ctrl-C, death reports) and the checked runtime; a process forked per run
@@ -17,7 +17,7 @@ would need every one of them carried across. The reset keeps them as they are, c
 milliseconds (`bench/bench_runs.py`), and states its limits: what it cannot reach is state held
 in compiled code loaded before the run (numpy's, tokenizers', torch's C++ registries and
 caches), threads a run starts, and files it leaves open. A run's `atexit` handlers run at its
-end, as at a worker's exit (`exits`).
+end, as at a worker's exit, and its fork handlers are dropped then (`hooks`).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ what is installed (`caches`) is taken from an earlier run that imported it in th
 
 A run's modules, taken out after it, are let go of where the process keeps them: `typing`
 caches every generic alias it makes (`Optional[Trainer]`) and notes every `@overload`, and
-`atexit` every handler registered (`exits`), which would hold each run's classes, and all that
-their modules reach, for the process's life.
+the interpreter every `atexit` and fork handler registered (`hooks`), which would hold each
+run's classes, and all that their modules reach, for the process's life.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from distnb.rank.fresh.caches import CacheFinder
-from distnb.rank.fresh.exits import RunExits
+from distnb.rank.fresh.hooks import RunHooks
 
 __all__ = ["ModulesPart"]
 
@@ -62,7 +62,7 @@ class ModulesPart:
         self._verdicts: dict[str, bool] = {}  # top-level name -> kept (a run checks thousands)
         self._staying: set[str] = set()  # modules found kept: they stay kept, never checked again
         self._caches = CacheFinder()  # during a run only: the cells import as they always do
-        self._exits = RunExits()
+        self._hooks = RunHooks(self.kept)  # the run's atexit and fork handlers
 
     def capture(self) -> Modules:
         return dict(sys.modules)
@@ -78,11 +78,11 @@ class ModulesPart:
         # a file written since the last import (an edited helper next to the script) is seen
         importlib.invalidate_caches()
         self._caches.install()
-        self._exits.start()
+        self._hooks.start()
 
     def restore(self, saved: Modules) -> None:
         self._caches.uninstall()
-        self._exits.end(set(self._leaving(saved)))  # as the worker exits: its modules loaded
+        self._hooks.end(set(self._leaving(saved)))  # as the worker exits: its modules loaded
         _let_go(self._drop(saved))
         sys.modules.update(saved)
 

@@ -1,0 +1,136 @@
+"""The interpreter hooks a run registers, which have no place in a process that goes on: its
+`atexit` handlers, run when it ends as a torchrun worker's run when its process ends, and its
+fork handlers, called for forks made during the run only.
+
+During a run `atexit.register`, `atexit.unregister` and `os.register_at_fork` are distnb's,
+which note who registers (the calling module's name). Handlers registered by the script
+(`__main__`) or by a module the run imports afresh (`modules`) belong to the run:
+
+- at its end, its `atexit` handlers run, the last registered first, and are unregistered: a
+  user's `atexit.register(save_results)` or `atexit.register(print, "done")` runs as the script
+  ends. A handler that raises is printed as Python prints it at exit, and the others run;
+- its fork handlers are kept in lists of the run's, called (as Python calls them: `before`
+  the last registered first, the others in order) by three handlers of distnb's own that the
+  process registers once; the lists are emptied at the run's end. (Python has no way to take
+  a fork handler back: one registered as such would be called at every later fork.)
+
+Neither is left holding the run's modules, and all they reach, for the process's life
+(huggingface_hub registers both for its HTTP session). Hooks registered by what the process
+keeps (torch, the standard library, compiled packages) are registered as usual.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import traceback
+from collections.abc import Callable, Collection
+from typing import Any
+
+__all__ = ["RunHooks"]
+
+_register, _unregister = atexit.register, atexit.unregister
+_register_at_fork = os.register_at_fork
+
+# who registered it (a module's name), the handler, its arguments
+Exit = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+Fork = tuple[Callable[[], Any] | None, Callable[[], Any] | None, Callable[[], Any] | None]
+
+
+class RunHooks:
+    """See the module: `start` as a run starts, `end` as it ends. `kept(name)`: whether the
+    module `name` stays loaded after the run."""
+
+    def __init__(self, kept: Callable[[str], bool]) -> None:
+        self._kept = kept
+        self._exits: list[Exit] = []
+        self._forks: list[Fork] = []  # before, after_in_child, after_in_parent
+        self._dispatching = False
+
+    def start(self) -> None:
+        self._exits, self._forks = [], []
+        atexit.register, atexit.unregister = self._register, self._unregister  # type: ignore[assignment]
+        os.register_at_fork = self._register_at_fork
+
+    def end(self, dropped: Collection[str]) -> None:
+        """Put the hooks' functions back; forget the run's fork handlers; run and unregister
+        the `atexit` handlers registered by `__main__` and by `dropped` (the modules the run
+        imported, to be taken out)."""
+        atexit.register, atexit.unregister = _register, _unregister
+        os.register_at_fork = _register_at_fork
+        self._forks = []
+        exits, self._exits = self._exits, []
+        for module, func, args, kwargs in reversed(exits):
+            if module != "__main__" and module not in dropped:
+                continue
+            _unregister(func)
+            try:
+                func(*args, **kwargs)
+            except BaseException:  # as at exit: said, and the others run
+                print(f"Exception ignored in atexit callback {func!r}:", file=sys.stderr)
+                traceback.print_exc()
+
+    def _register(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        module = sys._getframe(1).f_globals.get("__name__", "")
+        self._exits.append((module, func, args, kwargs))
+        return _register(func, *args, **kwargs)
+
+    def _unregister(self, func: Callable[..., Any]) -> None:
+        self._exits = [h for h in self._exits if h[1] != func]
+        _unregister(func)
+
+    def _register_at_fork(
+        self,
+        *,
+        before: Callable[[], Any] | None = None,
+        after_in_child: Callable[[], Any] | None = None,
+        after_in_parent: Callable[[], Any] | None = None,
+    ) -> None:
+        module = sys._getframe(1).f_globals.get("__name__", "")
+        if module != "__main__" and self._kept(module):
+            _register_at_fork(  # the process's for good, as without distnb
+                **{
+                    k: v
+                    for k, v in (
+                        ("before", before),
+                        ("after_in_child", after_in_child),
+                        ("after_in_parent", after_in_parent),
+                    )
+                    if v is not None
+                }
+            )
+            return
+        handlers = (before, after_in_child, after_in_parent)
+        if all(h is None for h in handlers):
+            raise TypeError("At least one argument is required.")
+        for name, h in zip(("before", "after_in_child", "after_in_parent"), handlers, strict=True):
+            if h is not None and not callable(h):
+                raise TypeError(f"'{name}' must be callable, not {type(h).__name__}")
+        if not self._dispatching:
+            _register_at_fork(
+                before=self._before, after_in_child=self._in_child, after_in_parent=self._in_parent
+            )
+            self._dispatching = True
+        self._forks.append(handlers)
+
+    def _before(self) -> None:
+        _call(h[0] for h in reversed(self._forks))
+
+    def _in_child(self) -> None:
+        _call(h[1] for h in self._forks)
+
+    def _in_parent(self) -> None:
+        _call(h[2] for h in self._forks)
+
+
+def _call(handlers: Any) -> None:
+    """Each handler, as Python calls fork handlers: one that raises is said, the others run."""
+    for handler in list(handlers):
+        if handler is None:
+            continue
+        try:
+            handler()
+        except Exception:
+            print(f"Exception ignored in fork handler {handler!r}:", file=sys.stderr)
+            traceback.print_exc()
