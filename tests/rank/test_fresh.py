@@ -266,6 +266,13 @@ def test_a_runs_atexit_and_fork_handlers_are_its_own_and_its_modules_are_let_go(
         with open(log, "a") as out:
             out.write("kept\n")
 
+    forks_on = [True]  # the kept module's fork handler stays the process's: off after the test
+
+    def the_process_forked() -> None:
+        if forks_on[0]:
+            with open(log, "a") as out:
+                out.write("kept forked\n")
+
     def registers(module: str, *handler: object) -> None:
         """`atexit.register(*handler)` as the module `module` calls it."""
         names = {"__name__": module, "atexit": atexit, "handler": handler}
@@ -280,9 +287,13 @@ def test_a_runs_atexit_and_fork_handlers_are_its_own_and_its_modules_are_let_go(
         registers("__main__", failing)
         registers("__main__", print, "done")  # a builtin, the script's all the same
         registers("json", the_process)  # a module the process keeps
+        exec(  # as that module calls it
+            "os.register_at_fork(after_in_child=handler)",
+            {"__name__": "json", "os": os, "handler": the_process_forked},
+        )
         assert not log.exists()
-        _fork_and_wait()  # the run's fork handler is called in the child
-        assert log.read_text() == "forked\n"
+        _fork_and_wait()  # the run's fork handlers are called in the child
+        assert log.read_text().splitlines() == ["forked", "kept forked"]
         log.unlink()
     try:
         assert log.read_text().splitlines() == ["script", "exitlib"]  # the last first
@@ -292,10 +303,11 @@ def test_a_runs_atexit_and_fork_handlers_are_its_own_and_its_modules_are_let_go(
         assert thing() is None  # neither typing nor atexit holds the run's module
         with fresh.as_fresh():
             pass  # the handlers ran once: they were unregistered
-        _fork_and_wait()  # and the fork handler was the run's only
-        assert log.read_text().splitlines() == ["script", "exitlib"]
+        _fork_and_wait()  # the run's fork handler was the run's only; the kept one stays
+        assert log.read_text().splitlines() == ["script", "exitlib", "kept forked"]
     finally:
         atexit.unregister(the_process)  # left for the process's exit
+        forks_on[0] = False
 
 
 def _fork_and_wait() -> None:

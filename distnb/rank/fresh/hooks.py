@@ -9,14 +9,16 @@ which note who registers (the calling module's name). Handlers registered by the
 - at its end, its `atexit` handlers run, the last registered first, and are unregistered: a
   user's `atexit.register(save_results)` or `atexit.register(print, "done")` runs as the script
   ends. A handler that raises is printed as Python prints it at exit, and the others run;
-- its fork handlers are kept in lists of the run's, called (as Python calls them: `before`
+- its fork handlers are kept in a list of the run's, called (as Python calls them: `before`
   the last registered first, the others in order) by three handlers of distnb's own that the
-  process registers once; the lists are emptied at the run's end. (Python has no way to take
-  a fork handler back: one registered as such would be called at every later fork.)
+  process registers once; the list is emptied at the run's end. (Python has no way to take a
+  fork handler back: one registered as such would be called at every later fork.)
 
 Neither is left holding the run's modules, and all they reach, for the process's life
 (huggingface_hub registers both for its HTTP session). Hooks registered by what the process
-keeps (torch, the standard library, compiled packages) are registered as usual.
+keeps (torch, the standard library, compiled packages) stay: `atexit` handlers as registered,
+fork handlers registered for good as the run ends (whether a module stays is known then: a
+package is found compiled as its extension loads).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import atexit
 import os
 import sys
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 __all__ = ["RunHooks"]
@@ -35,18 +37,17 @@ _register_at_fork = os.register_at_fork
 
 # who registered it (a module's name), the handler, its arguments
 Exit = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-Fork = tuple[Callable[[], Any] | None, Callable[[], Any] | None, Callable[[], Any] | None]
+# who registered it, and its handlers by name: before, after_in_child, after_in_parent
+Fork = tuple[str, dict[str, Callable[[], Any]]]
 
 
 class RunHooks:
-    """See the module: `start` as a run starts, `end` as it ends. `kept(name)`: whether the
-    module `name` stays loaded after the run."""
+    """See the module: `start` as a run starts, `end` as it ends."""
 
-    def __init__(self, kept: Callable[[str], bool]) -> None:
-        self._kept = kept
+    def __init__(self) -> None:
         self._exits: list[Exit] = []
-        self._forks: list[Fork] = []  # before, after_in_child, after_in_parent
-        self._dispatching = False
+        self._forks: list[Fork] = []
+        self._dispatching = False  # distnb's three fork handlers are registered
 
     def start(self) -> None:
         self._exits, self._forks = [], []
@@ -54,12 +55,16 @@ class RunHooks:
         os.register_at_fork = self._register_at_fork
 
     def end(self, dropped: Collection[str]) -> None:
-        """Put the hooks' functions back; forget the run's fork handlers; run and unregister
-        the `atexit` handlers registered by `__main__` and by `dropped` (the modules the run
-        imported, to be taken out)."""
+        """Put the hooks' functions back. Of the handlers registered by `__main__` and by
+        `dropped` (the modules the run imported, to be taken out), run and unregister the
+        `atexit` ones and forget the fork ones; register the others' fork handlers for good
+        (the module that registered them stays loaded)."""
         atexit.register, atexit.unregister = _register, _unregister
         os.register_at_fork = _register_at_fork
-        self._forks = []
+        forks, self._forks = self._forks, []
+        for module, handlers in forks:
+            if module != "__main__" and module not in dropped:
+                _register_at_fork(**handlers)
         exits, self._exits = self._exits, []
         for module, func, args, kwargs in reversed(exits):
             if module != "__main__" and module not in dropped:
@@ -88,45 +93,40 @@ class RunHooks:
         after_in_parent: Callable[[], Any] | None = None,
     ) -> None:
         module = sys._getframe(1).f_globals.get("__name__", "")
-        if module != "__main__" and self._kept(module):
-            _register_at_fork(  # the process's for good, as without distnb
-                **{
-                    k: v
-                    for k, v in (
-                        ("before", before),
-                        ("after_in_child", after_in_child),
-                        ("after_in_parent", after_in_parent),
-                    )
-                    if v is not None
-                }
+        given = {
+            name: handler
+            for name, handler in (
+                ("before", before),
+                ("after_in_child", after_in_child),
+                ("after_in_parent", after_in_parent),
             )
-            return
-        handlers = (before, after_in_child, after_in_parent)
-        if all(h is None for h in handlers):
+            if handler is not None
+        }
+        if not given:
             raise TypeError("At least one argument is required.")
-        for name, h in zip(("before", "after_in_child", "after_in_parent"), handlers, strict=True):
-            if h is not None and not callable(h):
-                raise TypeError(f"'{name}' must be callable, not {type(h).__name__}")
+        for name, handler in given.items():
+            if not callable(handler):
+                raise TypeError(f"'{name}' must be callable, not {type(handler).__name__}")
         if not self._dispatching:
             _register_at_fork(
                 before=self._before, after_in_child=self._in_child, after_in_parent=self._in_parent
             )
             self._dispatching = True
-        self._forks.append(handlers)
+        self._forks.append((module, given))
 
     def _before(self) -> None:
-        _call(h[0] for h in reversed(self._forks))
+        _call(h.get("before") for _, h in reversed(self._forks))
 
     def _in_child(self) -> None:
-        _call(h[1] for h in self._forks)
+        _call(h.get("after_in_child") for _, h in self._forks)
 
     def _in_parent(self) -> None:
-        _call(h[2] for h in self._forks)
+        _call(h.get("after_in_parent") for _, h in self._forks)
 
 
-def _call(handlers: Any) -> None:
+def _call(handlers: Iterable[Callable[[], Any] | None]) -> None:
     """Each handler, as Python calls fork handlers: one that raises is said, the others run."""
-    for handler in list(handlers):
+    for handler in list(handlers):  # a handler may register another
         if handler is None:
             continue
         try:

@@ -62,7 +62,7 @@ class ModulesPart:
         self._verdicts: dict[str, bool] = {}  # top-level name -> kept (a run checks thousands)
         self._staying: set[str] = set()  # modules found kept: they stay kept, never checked again
         self._caches = CacheFinder()  # during a run only: the cells import as they always do
-        self._hooks = RunHooks(self.kept)  # the run's atexit and fork handlers
+        self._hooks = RunHooks()  # the run's atexit and fork handlers
 
     def capture(self) -> Modules:
         return dict(sys.modules)
@@ -83,7 +83,7 @@ class ModulesPart:
     def restore(self, saved: Modules) -> None:
         self._caches.uninstall()
         self._hooks.end(set(self._leaving(saved)))  # as the worker exits: its modules loaded
-        _let_go(self._drop(saved))
+        _let_go(self._drop(saved))  # with what the handlers imported
         sys.modules.update(saved)
 
     def _drop(self, keep: Mapping[str, Any]) -> list[str]:
