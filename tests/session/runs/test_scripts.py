@@ -303,6 +303,23 @@ def test_modules_next_to_the_script_are_imported_afresh_each_run(
     assert "[ranks 0-1] helper 1" in out and "[ranks 0-1] helper 22" in out
 
 
+def test_a_runs_modules_are_freed_once_it_has_replied(session: Session, tmp_path: Path) -> None:
+    # a module that names itself is a cycle: only a full collection frees it, which the rank
+    # makes once idle, not in the next run (nothing is sent to the ranks while the test waits)
+    (tmp_path / "held.py").write_text("import sys\nme = sys.modules[__name__]\n")
+    freed = [tmp_path / f"freed{rank}" for rank in (0, 1)]
+    (tmp_path / "lets_go.py").write_text(
+        "import os, weakref, held\n"
+        f"weakref.finalize(held, open, os.path.join({str(tmp_path)!r}, "
+        "'freed' + os.environ['RANK']), 'w')\n"
+    )
+    session.run_script(str(tmp_path / "lets_go.py"))
+    deadline = time.monotonic() + NAMED_S
+    while not all(path.exists() for path in freed):
+        assert time.monotonic() < deadline, "the run's module is still held by the ranks"
+        time.sleep(0.05)
+
+
 def test_unchecked_runs_record_no_collectives(
     session: Session, shell: InteractiveShell, scripts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
