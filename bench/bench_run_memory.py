@@ -8,11 +8,12 @@ leaves stays in its session), each running `harness/frameworks.py`'s Lightning f
 up and then `--runs` times, reading rank 0's live objects (after `gc.collect()`) and resident
 size after each run:
 
-- as shipped: the run's `atexit` handlers run at its end, its fork handlers are dropped, and
+- as shipped: the run's `atexit` handlers run at its end, its fork handlers are dropped,
   `typing`'s caches and overloads let go of its modules (`distnb.rank.fresh.hooks`,
-  `modules._let_go`);
-- release off (a private switch, for this bench only): the handlers stay registered and
-  `typing` keeps what it made, as runs went before.
+  `modules._let_go`), and what its libraries patched into torch and `logging` gives way to the
+  cells' (`distnb.rank.fresh.patches`: Lightning wraps `torch.compile`);
+- release off (a private switch, for this bench only): the handlers stay registered, `typing`
+  keeps what it made and the patches stay, as runs went before.
 
 Rows: per variant, the growth per run (median of run-to-run differences, and its range) in
 objects and MiB, the objects and size after the last run, and the median run time (the two
@@ -40,9 +41,11 @@ import distnb
 from harness.frameworks import CASES
 
 # The private switch: no handler run or unregistered, fork handlers registered for good,
-# typing's caches left as they are.
+# typing's caches left as they are, the patches of torch and logging left to the runs.
 RELEASE_OFF = """\
-import distnb.rank.fresh.modules as _m, distnb.rank.fresh.hooks as _h
+import distnb.rank.fresh.modules as _m, distnb.rank.fresh.hooks as _h, distnb.rank.fresh.reset as _r
+_r.PARTS = tuple(p for p in _r.PARTS if type(p).__name__ != "PatchesPart")
+_r._joined = [(p, v) for p, v in _r._joined if p in _r.PARTS]
 _m._let_go = lambda names: None
 _end = _h.RunHooks.end
 def _kept_all(self, dropped):

@@ -317,6 +317,58 @@ def _fork_and_wait() -> None:
     assert os.waitpid(pid, 0)[1] == 0
 
 
+PATCHLIB = """\
+import functools, logging, torch
+
+def capture(compile_fn):  # as Lightning wraps torch.compile
+    @functools.wraps(compile_fn)
+    def wrapper(*args, **kwargs):
+        return compile_fn(*args, **kwargs)
+    return wrapper
+
+torch.compile = capture(torch.compile)
+
+def warning_once(self, *args):  # as transformers adds to logging.Logger
+    pass
+
+logging.Logger.warning_once = warning_once
+"""
+
+
+def test_what_a_library_patches_into_torch_and_logging_is_each_runs_own(joined: Path) -> None:
+    (joined / "patchlib.py").write_text(PATCHLIB)
+    torchs = torch.compile
+    kept = "def made(): pass\nimport torch\ntorch._kept_patch = made"  # made by what stays
+    try:
+        import patchlib  # the cells' patches
+
+        cells = (torch.compile, logging.Logger.warning_once)  # type: ignore[attr-defined]
+        runs = []
+        for _ in range(3):
+            with fresh.as_fresh():
+                assert torch.compile is torchs  # not the cells' wrapper
+                assert not hasattr(logging.Logger, "warning_once")
+                import patchlib as theirs
+
+                assert theirs is not patchlib
+                assert torch.compile.__wrapped__ is torchs  # type: ignore[attr-defined]
+                runs.append(weakref.ref(theirs))
+                del theirs
+                exec("import torch\ntorch._runs_patch = lambda: 0", {"__name__": "__main__"})
+                exec(kept, {"__name__": "json"})
+        assert (torch.compile, logging.Logger.warning_once) == cells  # type: ignore[attr-defined]
+        assert not hasattr(torch, "_runs_patch")
+        assert torch._kept_patch.__globals__["__name__"] == "json"  # type: ignore[attr-defined]
+        gc.collect()
+        assert [run() for run in runs] == [None] * 3  # no wrapper holds a run's module
+    finally:
+        torch.compile = torchs
+        for space, name in ((logging.Logger, "warning_once"), (torch, "_kept_patch")):
+            if hasattr(space, name):
+                delattr(space, name)
+        sys.modules.pop("patchlib", None)
+
+
 def test_outside_a_rank_nothing_is_reset() -> None:
     os.environ["DISTNB_OUTSIDE"] = "1"
     try:

@@ -6,7 +6,8 @@ from the run before. A rank's process lives for the whole session, so each piece
 is captured when the rank joins (`remember`), set back to it when a run starts, and the cells'
 own put back when the run ends (`as_fresh`): `reset`, over parts of that state each captured,
 made fresh and put back. Which modules a run imports afresh, and letting go of them after it:
-`modules` (and `hooks`, the run's `atexit` and fork handlers); the interpreter's state:
+`modules` (and `hooks`, the run's `atexit` and fork handlers); what those modules patch into
+torch and `logging` (Lightning's `torch.compile`): `patches`; the interpreter's state:
 `interpreter`; what tells a notebook from a script (`sys.ps1`, IPython's builtins and shell,
 which frameworks probe): `notebook`; torch's switches: `switches`; torch's config modules, the
 random generators and process groups: `torchstate`.

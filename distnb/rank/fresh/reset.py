@@ -15,6 +15,7 @@ from distnb import interrupts
 from distnb.rank.fresh import interpreter, torchstate
 from distnb.rank.fresh.modules import ModulesPart
 from distnb.rank.fresh.notebook import NotebookPart
+from distnb.rank.fresh.patches import PatchesPart
 from distnb.rank.fresh.switches import SwitchesPart
 
 __all__ = ["as_fresh", "forget", "remember"]
@@ -33,8 +34,11 @@ class Part(Protocol):
 
 
 _modules = ModulesPart()
-# modules first: the parts after it may import (numpy's generator, torch's config modules)
+# Patches before modules: a run's end judges its patches once its modules have ended (their
+# `atexit` handlers run with them in place, what a compiled package is known). Modules before the
+# rest: those parts may import (numpy's generator, torch's config modules).
 PARTS: tuple[Part, ...] = (
+    PatchesPart(_modules.kept),
     _modules,
     *interpreter.PARTS,
     NotebookPart(),
@@ -50,7 +54,7 @@ def remember() -> None:
     environment set, torch and the process group ready), before any cell runs."""
     global _joined
     _joined = [(part, part.capture()) for part in PARTS]
-    _modules.joined(_joined[0][1])
+    _modules.joined(dict(_joined)[_modules])
 
 
 def forget() -> None:
