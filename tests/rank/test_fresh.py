@@ -338,6 +338,7 @@ logging.Logger.warning_once = warning_once
 def test_what_a_library_patches_into_torch_and_logging_is_each_runs_own(joined: Path) -> None:
     (joined / "patchlib.py").write_text(PATCHLIB)
     torchs = torch.compile
+    loggers = getattr(logging.Logger, "warning_once", None)  # the join's (transformers' if loaded)
     kept = "def made(): pass\nimport torch\ntorch._kept_patch = made"  # made by what stays
     try:
         import patchlib  # the cells' patches
@@ -347,7 +348,7 @@ def test_what_a_library_patches_into_torch_and_logging_is_each_runs_own(joined: 
         for _ in range(3):
             with fresh.as_fresh():
                 assert torch.compile is torchs  # not the cells' wrapper
-                assert not hasattr(logging.Logger, "warning_once")
+                assert getattr(logging.Logger, "warning_once", None) is loggers
                 import patchlib as theirs
 
                 assert theirs is not patchlib
@@ -363,9 +364,11 @@ def test_what_a_library_patches_into_torch_and_logging_is_each_runs_own(joined: 
         assert [run() for run in runs] == [None] * 3  # no wrapper holds a run's module
     finally:
         torch.compile = torchs
-        for space, name in ((logging.Logger, "warning_once"), (torch, "_kept_patch")):
-            if hasattr(space, name):
-                delattr(space, name)
+        if loggers is None:
+            del logging.Logger.warning_once  # type: ignore[attr-defined]
+        else:
+            logging.Logger.warning_once = loggers  # type: ignore[attr-defined]
+        del torch._kept_patch  # type: ignore[attr-defined]
         sys.modules.pop("patchlib", None)
 
 

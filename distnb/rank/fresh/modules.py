@@ -74,8 +74,12 @@ class ModulesPart:
         return dict(sys.modules)
 
     def joined(self, modules: Modules) -> None:
-        """Told the join's modules once, at the join: what the process keeps starts there."""
+        """Told the join's modules at the join: what the process keeps starts there (once in a
+        rank; a process that joins again judges its modules again)."""
         self._joined = modules
+        self._kept = None
+        self._verdicts.clear()
+        self._staying.clear()
 
     def fresh(self, joined: Modules) -> None:
         self._drop(joined)
