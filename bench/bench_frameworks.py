@@ -1,15 +1,17 @@
 """Each framework script of `harness/frameworks.py` under torchrun and under distnb: the verdict
 each gives and what it costs, as a table.
 
-    python bench/bench_frameworks.py [--rounds 3] [--hang 60] [NAME ...]
+    python bench/bench_frameworks.py [--rounds 3] [--hang 60] [--pause 0.5] [NAME ...]
 
 torchrun: each script once under `torchrun --standalone --nproc-per-node 2` (a fresh process per
 rank: imports, rendezvous, exit), its verdict read as `harness.frameworks` records it ("pass",
 "hangs" past `--hang` seconds, or the exception rank 0 ended with) and its wall time; a hung run
 is killed with its workers. distnb: one warm 2-rank session (this process plays the kernel);
 per round, each script once with `%dist_run` and once as a `%%allranks` cell, in an order that
-rotates from round to round. The first `%dist_run` of the session is reported apart (it imports
-what every run keeps); the rows give the median and the range over the rounds. A run re-imports
+rotates from round to round, each `--pause` seconds after the last one's answer (a user reading
+it: a rank frees the modules a run took out while it waits, `distnb.rank.fresh.modules`). The
+first `%dist_run` of the session is reported apart (it imports what every run keeps); the rows
+give the median and the range over the rounds. A run re-imports
 the frameworks a script uses (a torchrun worker's fresh modules, `distnb.rank.fresh`); a cell
 imports them once, as a notebook does. Exits 1 where a verdict differs from the table's.
 """
@@ -80,8 +82,8 @@ def first_line(error: BaseException | None) -> str:
 class Runs:
     """One warm session; each run's verdict (the error's first line) and wall time."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, pause: float) -> None:
+        self.folder, self.pause = folder, pause
         self.s = distnb.start(2, progress=False)
         # what the scripts write (a checkpoint, the Trainer's folder) goes to `folder`: a run
         # works in the kernel's folder, a cell in its rank's
@@ -96,6 +98,7 @@ class Runs:
 
     def _timed(self, run: object) -> tuple[str, float]:
         error = None
+        time.sleep(self.pause)
         started = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             try:
@@ -124,7 +127,7 @@ def spread(times: list[float]) -> str:
     return f"{statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f})"
 
 
-def measure(names: list[str], rounds: int, hang: float) -> int:
+def measure(names: list[str], rounds: int, hang: float, pause: float) -> int:
     differ = 0
     back = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="bench-frameworks-") as folder:
@@ -133,7 +136,7 @@ def measure(names: list[str], rounds: int, hang: float) -> int:
         for name in names:
             theirs[name] = torchrun_verdict(Path(folder) / name, hang)
             print(f"torchrun {name}: {theirs[name][0]} ({theirs[name][1]:.1f} s)", flush=True)
-        runs = Runs(Path(folder))
+        runs = Runs(Path(folder), pause)
         try:
             first = runs.script(names[0])
             scripts: dict[str, list[float]] = {n: [] for n in names}
@@ -156,7 +159,7 @@ def measure(names: list[str], rounds: int, hang: float) -> int:
             runs.s.stop()
             os.chdir(back)
     print(f"\nfirst %dist_run of the session ({names[0]}): {first[1]:.2f} s")
-    print(f"{rounds} rounds; distnb's times: median (range)\n")
+    print(f"{rounds} rounds, {pause:g} s between runs; distnb's times: median (range)\n")
     print("| framework | script | torchrun | time | distnb, %dist_run | time | cell | time |")
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
@@ -188,10 +191,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hang", type=float, default=60.0)
+    parser.add_argument("--pause", type=float, default=0.5)
     parser.add_argument("names", nargs="*", default=list(CASES))
     args = parser.parse_args()
     with saved("frameworks"):
-        return measure(args.names, args.rounds, args.hang)
+        return measure(args.names, args.rounds, args.hang, args.pause)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # Always the process's: distnb, and the distributions its engines run on.
 _ROOTS = ("distnb", "torch", "ipyparallel", "ipykernel")
+IDLE_S = 0.05  # from a run's end to its modules' collection: its reply is out by then
 
 
 class ModulesPart:
@@ -164,9 +165,6 @@ def _collect_when_idle() -> None:
 def _collect() -> None:
     if gc.isenabled():  # a user's gc.disable() holds for distnb too
         gc.collect()
-
-
-IDLE_S = 0.05  # the wait before the collection: the reply and the idle status are sent by then
 
 
 def _is_extension(module: object) -> bool:

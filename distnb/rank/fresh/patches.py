@@ -26,7 +26,7 @@ import torch
 
 __all__ = ["PatchesPart"]
 
-Names = dict[int, dict[str, Any]]  # a namespace (by its index in `_SPACES`) -> its names
+Names = dict[int, dict[str, Any]]  # a namespace (its place in `_spaces()`) -> its names
 _ABSENT = object()
 
 
