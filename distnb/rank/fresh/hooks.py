@@ -61,13 +61,17 @@ class RunHooks:
         (the module that registered them stays loaded)."""
         atexit.register, atexit.unregister = _register, _unregister
         os.register_at_fork = _register_at_fork
+
+        def the_run_s(module: str) -> bool:
+            return module == "__main__" or module in dropped
+
         forks, self._forks = self._forks, []
         for module, handlers in forks:
-            if module != "__main__" and module not in dropped:
+            if not the_run_s(module):
                 _register_at_fork(**handlers)
         exits, self._exits = self._exits, []
         for module, func, args, kwargs in reversed(exits):
-            if module != "__main__" and module not in dropped:
+            if not the_run_s(module):
                 continue
             _unregister(func)
             try:

@@ -26,7 +26,7 @@ import torch
 
 __all__ = ["PatchesPart"]
 
-Names = dict[int, dict[str, Any]]  # a namespace (its place in `_spaces()`) -> its names
+Names = tuple[dict[str, Any], ...]  # each namespace of `_spaces()`: its names
 _ABSENT = object()
 
 
@@ -43,7 +43,7 @@ class PatchesPart:
         self._kept = kept  # whether a module (by name) is the process's
 
     def capture(self) -> Names:
-        return {i: dict(vars(space)) for i, space in enumerate(_spaces())}
+        return tuple(dict(vars(space)) for space in _spaces())
 
     def fresh(self, joined: Names) -> None:
         self._set(joined)
@@ -54,8 +54,7 @@ class PatchesPart:
     def _set(self, names: Names) -> None:
         """Where a name's value differs from `names` and was not made by what the process keeps,
         put the one in `names` back (or take the name out)."""
-        for i, space in enumerate(_spaces()):
-            wanted = names[i]
+        for space, wanted in zip(_spaces(), names, strict=True):
             for name, value in list(vars(space).items()):
                 before = wanted.get(name, _ABSENT)
                 if value is before or self._the_process_s(value):
