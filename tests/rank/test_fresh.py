@@ -357,6 +357,8 @@ def test_what_a_library_patches_into_torch_and_logging_is_each_runs_own(joined: 
                 del theirs
                 exec("import torch\ntorch._runs_patch = lambda: 0", {"__name__": "__main__"})
                 exec(kept, {"__name__": "json"})
+        with fresh.as_fresh():  # a run that patches nothing leaves the cells' patches theirs
+            assert torch.compile is torchs
         assert (torch.compile, logging.Logger.warning_once) == cells  # type: ignore[attr-defined]
         assert not hasattr(torch, "_runs_patch")
         assert torch._kept_patch.__globals__["__name__"] == "json"  # type: ignore[attr-defined]

@@ -52,13 +52,16 @@ class PatchesPart:
         self._set(saved)
 
     def _set(self, names: Names) -> None:
-        """Where a name's value differs from `names` and was not made by what the process keeps,
-        put the one in `names` back (or take the name out)."""
+        """Where a name's value differs from `names`, put the one in `names` back (or take the
+        name out), unless both were made by what the process keeps."""
         for space, wanted in zip(_spaces(), names, strict=True):
             for name, value in list(vars(space).items()):
                 before = wanted.get(name, _ABSENT)
-                if value is before or self._the_process_s(value):
-                    continue
+                if value is before or (
+                    self._the_process_s(value)
+                    and (before is _ABSENT or self._the_process_s(before))
+                ):
+                    continue  # the process's own, made for good
                 if before is _ABSENT:
                     delattr(space, name)
                 else:
