@@ -6,7 +6,8 @@ with `sys.argv`, `sys.path[0]`, `__file__` and the working directory set as Pyth
 them, in a process that looks as a fresh torchrun worker's (`distnb.rank.fresh`: the libraries it
 imports are imported afresh, environment, logging, random state and torch's switches as the
 rank had them when it joined), and everything put back afterwards for the cells. The rank's
-torchrun environment and process group are already there (`distnb.rank.runtime`).
+torchrun environment and process group are already there (`distnb.rank.runtime`). A run of a
+script again starts after its leading imports, made while the rank waited (`distnb.rank.ahead`).
 
 The script and the modules beside it are the user's code wherever they lie (under site-packages
 too: `distnb.userfiles`): call sites and hang reports name their lines. Tracebacks start at the
@@ -16,15 +17,12 @@ normal end, as for a process.
 
 from __future__ import annotations
 
-import builtins
 import os
-import sys
 import types
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
 from typing import Any
 
-from distnb.rank import checked, fresh
+from distnb.rank import ahead, asmain, checked, fresh
 from distnb.rank.checked import callsite
 from distnb.userfiles import script_paths
 
@@ -42,62 +40,34 @@ def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
     `FileNotFoundError` saying where it looked when this rank's host has no such file.
     """
     try:
-        code = _compile(path)
+        source = asmain.source_of(path)
     except FileNotFoundError:
         raise FileNotFoundError(
             f"no file {path} on this rank's host ({os.uname().nodename}): %dist_run needs the "
             "script at the same path on every host"
         ) from None
-    module = _main_module(path)
+    ready = ahead.take(path, source, argv, cwd)
+    if ready is None:
+        module, code = asmain.main_module(path), asmain.compiled(source, path)
+    else:  # the script's imports are made: the rest of it runs from where they left
+        module, code = ready.module, ready.rest
     _tracebacks_from(path)
     callsite.set_user_paths(script_paths(path))
     checked.forget_groups()  # collectives count from #0 in each run, as in a new process group
     try:
-        with fresh.as_fresh(), _as_main(module, path, argv, cwd):
+        with (
+            fresh.as_fresh(None if ready is None else ready.made),
+            asmain.as_main(module, path, argv, cwd, folder_in_path=ready is not None),
+        ):
+            if ready is not None:
+                ready.print_output()
             exec(code, module.__dict__)
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise ScriptExit(_exit_message(argv[0] if argv else path, exc.code)) from None
     finally:
         callsite.set_user_paths(())
-
-
-def _compile(path: str) -> types.CodeType:
-    with open(path, "rb") as f:
-        source = f.read()
-    # the real path as the file name: tracebacks and call sites name the script and its lines
-    return compile(source, path, "exec", dont_inherit=True)
-
-
-def _main_module(path: str) -> types.ModuleType:
-    module = types.ModuleType("__main__")
-    module.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None)
-    return module
-
-
-@contextmanager
-def _as_main(
-    module: types.ModuleType, path: str, argv: Sequence[str], cwd: str | None
-) -> Iterator[None]:
-    """`module` is `__main__`, argv and the script's folder are set; all restored on leaving."""
-    folder = os.path.dirname(path)
-    saved_main = sys.modules.get("__main__")
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    saved_cwd = os.getcwd()
-    sys.modules["__main__"] = module
-    sys.argv = list(argv) or [path]
-    sys.path.insert(0, folder)
-    if cwd is not None and os.path.isdir(cwd):
-        os.chdir(cwd)
-    try:
-        yield
-    finally:
-        if saved_main is not None:
-            sys.modules["__main__"] = saved_main
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
-        with suppress(OSError):
-            os.chdir(saved_cwd)
+        ahead.when_idle(path, source, argv, cwd)
 
 
 def _exit_message(name: str, code: Any) -> str:

@@ -30,7 +30,7 @@ from distnb.rank import checked, debug
 from distnb.rank.world import World
 from distnb.records.cell import RankSpec
 
-__all__ = ["bind", "cell_of_file", "namespace", "unbind"]
+__all__ = ["bind", "cell_of_file", "in_cell", "namespace", "unbind"]
 
 # `unchecked()` blocks opened for a cell run with checks off, closed when it ends.
 _cell_unchecked: list[AbstractContextManager[None]] = []
@@ -40,6 +40,9 @@ _shell: Any = None
 
 # The rank's default group (and through it the control plane's store) while the shell is bound.
 _world: World | None = None
+
+# Whether a cell runs now (from its pre_run_cell to its post_run_cell).
+_cell_running = False
 
 # IPython's `sys.ps1` and `sys.ps2`, taken away while the shell is bound.
 _prompts: dict[str, Any] = {}
@@ -121,8 +124,15 @@ def unbind() -> None:
     _world = None
 
 
+def in_cell() -> bool:
+    """Whether a cell runs now: the event loop runs other work while a cell awaits."""
+    return _cell_running
+
+
 def _pre_run_cell(info: Any) -> None:
     """Number this cell as the kernel numbered it, before IPython compiles it."""
+    global _cell_running
+    _cell_running = True
     if _world is None:
         return
     _world.restore()  # in case making it again failed at the end of the last cell
@@ -139,6 +149,8 @@ def _pre_run_cell(info: Any) -> None:
 
 
 def _post_run_cell(result: Any) -> None:
+    global _cell_running
+    _cell_running = False
     debug.end_run(result.error_in_exec)
     while _cell_unchecked:
         _cell_unchecked.pop().__exit__(None, None, None)

@@ -374,6 +374,51 @@ def test_what_a_library_patches_into_torch_and_logging_is_each_runs_own(joined: 
         sys.modules.pop("patchlib", None)
 
 
+def test_a_run_set_aside_part_way_is_where_a_later_run_starts(joined: Path) -> None:
+    (joined / "patchlib.py").write_text(PATCHLIB)
+    log = joined / "exits.log"
+    (joined / "exitlib.py").write_text(EXITLIB.replace("LOG", repr(str(log))))
+    torchs = torch.compile
+    try:
+        made, modules = [], []
+        for _ in range(2):
+            with fresh.as_fresh():
+                before = fresh.unchanged()
+                import exitlib
+                import patchlib
+
+                os.environ["SET_AHEAD"] = "1"
+                made.append(fresh.set_aside(before))
+                modules.append((patchlib, exitlib))
+            # the cells see none of it, and no handler of the run's ran at its end
+            assert "patchlib" not in sys.modules and "exitlib" not in sys.modules
+            assert torch.compile is torchs and "SET_AHEAD" not in os.environ
+            assert not log.exists()
+        first, second = made
+        assert first is not None and second is not None
+        with fresh.as_fresh(first):  # goes on from where the first left
+            import patchlib as again
+
+            assert (again, sys.modules["exitlib"]) == modules[0]
+            assert torch.compile.__wrapped__ is torchs  # type: ignore[attr-defined]
+            assert os.environ["SET_AHEAD"] == "1"
+        assert torch.compile is torchs and "SET_AHEAD" not in os.environ
+        assert log.read_text() == "exitlib\n"  # its handler ran as the run ended
+        fresh.end_aside(second)  # no run starts from it: its handlers run, as at its end
+        assert log.read_text() == "exitlib\nexitlib\n"
+        with fresh.as_fresh():  # code that changes what a run cannot carry is not set aside
+            before = fresh.unchanged()
+            builtins.AHEAD = 1  # type: ignore[attr-defined]
+            try:
+                assert fresh.set_aside(before) is None
+            finally:
+                del builtins.AHEAD  # type: ignore[attr-defined]
+    finally:
+        torch.compile = torchs
+        for name in ("patchlib", "exitlib"):
+            sys.modules.pop(name, None)
+
+
 def test_outside_a_rank_nothing_is_reset() -> None:
     os.environ["DISTNB_OUTSIDE"] = "1"
     try:

@@ -44,6 +44,7 @@ from distnb.rank.checked.installation import (
     forget_groups,
     install,
     installed,
+    refused,
     unchecked,
     uninstall,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "forget_groups",
     "install",
     "installed",
+    "refused",
     "unchecked",
     "uninstall",
 ]

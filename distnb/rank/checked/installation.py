@@ -122,6 +122,17 @@ def unchecked() -> Iterator[None]:
 
 
 @contextmanager
+def refused(error: Exception) -> Iterator[None]:
+    """Every collective raises `error` inside the block, before any data moves: code run where
+    its peers are not (a rank's imports made ahead while it waits, `distnb.rank.ahead`)."""
+    _interceptor.refusal = error
+    try:
+        yield
+    finally:
+        _interceptor.refusal = None
+
+
+@contextmanager
 def finite_checks(enabled: bool = True) -> Iterator[None]:
     """Inside the block, reductions also refuse NaN/Inf inputs.
 

@@ -93,12 +93,14 @@ Check = Callable[[Call, Callable[[], Any]], Any]
 
 class Interceptor:
     """The registered kernels. `check` is None while nothing should be checked; `paused` counts
-    the `unchecked()` blocks open on any thread (DDP's reducer on CUDA runs in autograd's)."""
+    the `unchecked()` blocks open on any thread (DDP's reducer on CUDA runs in autograd's);
+    `refusal`, while set, is what every collective raises (`installation.refused`)."""
 
     def __init__(self, ops: Mapping[str, Describe] = OPS) -> None:
         self.check: Check | None = None
         self.p2p: Check | None = None
         self.paused = 0
+        self.refusal: Exception | None = None  # raised by every collective while set
         self.ops = ops
         self.missing: tuple[str, ...] = ()  # what this torch lacks (see `resolve`)
         self._libraries: dict[str, torch.library.Library] = {}
@@ -133,6 +135,8 @@ class Interceptor:
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
             below = keyset & _BELOW
+            if self.refusal is not None and not _traced(args):
+                raise self.refusal
             check = self.check
             if check is None or self.paused or local.depth or _traced(args):
                 return op.redispatch(below, *args, **kwargs)

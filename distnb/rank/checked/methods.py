@@ -156,6 +156,8 @@ def entry(name: str, method: Any, interceptor: Any, fallback: Any) -> Any:
     @functools.wraps(method)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves this frame out of tracebacks
+        if interceptor.refusal is not None and not torch.compiler.is_compiling():
+            raise interceptor.refusal
         check: Check | None = interceptor.check
         # `torch.compile` traces through this: `is_compiling()` is a constant there
         if check is None or torch.compiler.is_compiling() or local.depth:

@@ -23,6 +23,28 @@ end, as at a worker's exit, and its fork handlers are dropped then (`hooks`).
 
 from __future__ import annotations
 
-from distnb.rank.fresh.reset import as_fresh, forget, remember, running
+from distnb.rank.fresh.reset import (
+    Made,
+    as_fresh,
+    end_aside,
+    forget,
+    joins,
+    remember,
+    remembered,
+    running,
+    set_aside,
+    unchanged,
+)
 
-__all__ = ["as_fresh", "forget", "remember", "running"]
+__all__ = [
+    "Made",
+    "as_fresh",
+    "end_aside",
+    "forget",
+    "joins",
+    "remember",
+    "remembered",
+    "running",
+    "set_aside",
+    "unchanged",
+]

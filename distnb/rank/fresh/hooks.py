@@ -39,6 +39,7 @@ _register_at_fork = os.register_at_fork
 Exit = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 # who registered it, and its handlers by name: before, after_in_child, after_in_parent
 Fork = tuple[str, dict[str, Callable[[], Any]]]
+Aside = tuple[list[Exit], list[Fork]]  # a run's hooks, set aside for a later run
 
 
 class RunHooks:
@@ -49,8 +50,12 @@ class RunHooks:
         self._forks: list[Fork] = []
         self._dispatching = False  # distnb's three fork handlers are registered
 
-    def start(self) -> None:
-        self._exits, self._forks = [], []
+    def start(self, carried: Aside | None = None) -> None:
+        """Note the hooks registered from here on; `carried`: those set aside before (`set_aside`),
+        as if registered in this run."""
+        self._exits, self._forks = (
+            ([], []) if carried is None else (list(carried[0]), list(carried[1]))
+        )
         atexit.register, atexit.unregister = self._register, self._unregister  # type: ignore[assignment]
         os.register_at_fork = self._register_at_fork
 
@@ -79,6 +84,13 @@ class RunHooks:
             except BaseException:  # as at exit: said, and the others run
                 print(f"Exception ignored in atexit callback {func!r}:", file=sys.stderr)
                 traceback.print_exc()
+
+    def set_aside(self) -> Aside:
+        """The hooks registered so far, which the run's `end` then leaves: a later run carries
+        them (`start`), or they end with their modules (`end` after `start(carried)`)."""
+        aside: Aside = (self._exits, self._forks)
+        self._exits, self._forks = [], []
+        return aside
 
     def _register(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         module = sys._getframe(1).f_globals.get("__name__", "")

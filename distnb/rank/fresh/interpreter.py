@@ -177,6 +177,7 @@ class BuiltinsPart:
     """`builtins` (a library that replaces `print`): put back after a run."""
 
     name = "builtins"
+    carried = False  # a run starts from the cells' (`reset.Part`)
 
     def capture(self) -> dict[str, Any]:
         return dict(vars(builtins))
@@ -202,6 +203,7 @@ class SysPart:
     them)."""
 
     name = "sys streams and hooks"
+    carried = False  # a run starts from the cells' (`reset.Part`)
 
     def capture(self) -> tuple[dict[str, Any], Any, int]:
         hooks = {name: getattr(sys, name, None) for name in _SYS_HOOKS}

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from distnb.rank.fresh.caches import CacheFinder
-from distnb.rank.fresh.hooks import RunHooks
+from distnb.rank.fresh.hooks import Aside, RunHooks
 
 __all__ = ["ModulesPart"]
 
@@ -54,6 +54,7 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # Always the process's: distnb, and the distributions its engines run on.
 _ROOTS = ("distnb", "torch", "ipyparallel", "ipykernel")
+_ABSENT = object()
 IDLE_S = 0.05  # from a run's end to its modules' collection: its reply is out by then
 
 
@@ -70,6 +71,7 @@ class ModulesPart:
         self._staying: set[str] = set()  # modules found kept: they stay kept, never checked again
         self._caches = CacheFinder()  # during a run only: the cells import as they always do
         self._hooks = RunHooks()  # the run's atexit and fork handlers
+        self._aside = False  # the run's modules are set aside: its end leaves them
 
     def capture(self) -> Modules:
         return dict(sys.modules)
@@ -82,35 +84,58 @@ class ModulesPart:
         self._verdicts.clear()
         self._staying.clear()
 
-    def fresh(self, joined: Modules) -> None:
+    def fresh(self, joined: Modules, carried: Aside | None = None) -> None:
+        """The join's modules (or those a run's imports made ahead left, with their hooks
+        `carried`: `set_aside`) and what the process keeps."""
         self._drop(joined)
         for name, module in joined.items():
             sys.modules.setdefault(name, module)
         # a file written since the last import (an edited helper next to the script) is seen
         importlib.invalidate_caches()
         self._caches.install()
-        self._hooks.start()
+        self._hooks.start(carried)
 
     def restore(self, saved: Modules) -> None:
         self._caches.uninstall()
         self._hooks.end(set(self._leaving(saved)))  # as the worker exits: its modules loaded
         dropped = self._drop(saved)  # with what the handlers imported
-        _let_go(dropped)
         sys.modules.update(saved)
+        if self._aside:  # kept for a later run: nothing of them is let go
+            self._aside = False
+            return
+        _let_go(dropped)
         if dropped:
             _collect_when_idle()
 
+    def set_aside(self) -> Aside:
+        """During a run: its hooks so far, which its end then leaves, as it leaves its modules
+        (a capture holds them) for a later run to start from (`fresh(modules, carried)`)."""
+        self._aside = True
+        return self._hooks.set_aside()
+
+    def end_aside(self, modules: Modules, hooks: Aside) -> None:
+        """Modules and hooks set aside that no run will start from: ended as a run's are."""
+        names = {n for n in modules if n not in self._joined and not self.kept(n)}
+        self._hooks.start(hooks)
+        self._hooks.end(names)
+        _let_go(names)
+
     def _drop(self, keep: Mapping[str, Any]) -> list[str]:
-        """Take out every module that is neither in `keep` nor the process's; their names."""
+        """Take out every module that is not `keep`'s (or another than `keep`'s under its name) nor
+        the process's; their names."""
         leaving = self._leaving(keep)
         for name in leaving:
             del sys.modules[name]
         return leaving
 
     def _leaving(self, keep: Mapping[str, Any]) -> list[str]:
-        """The modules loaded that are neither in `keep` nor the process's."""
+        """The modules loaded that are neither `keep`'s nor the process's."""
         staying = self._staying
-        new = [name for name in list(sys.modules) if name not in keep and name not in staying]
+        new = [
+            name
+            for name, module in list(sys.modules.items())
+            if keep.get(name, _ABSENT) is not module and name not in staying
+        ]
         self._note_compiled(new)
         leaving = []
         for name in new:

@@ -98,6 +98,7 @@ class GroupsPart:
     script destroyed it) and the cells' groups stay theirs."""
 
     name = "process groups"
+    carried = False  # a run starts with the groups there are (`reset.Part`)
 
     def capture(self) -> list[Any]:
         """The groups there are besides the default."""
