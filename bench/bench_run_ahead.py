@@ -2,8 +2,9 @@
 
     python bench/bench_run_ahead.py [--rounds 6] [--pause 1.0]
 
-Once a `%dist_run` has replied, each rank runs the script's leading imports as the next run
-would start them, and that run starts after them (`distnb.rank.ahead`). One warm 2-rank session
+Once a script run again has replied and no cell has come for 0.1 s, each rank runs the script's
+leading imports as the next run would start them, and that run starts after them
+(`distnb.rank.ahead`). One warm 2-rank session
 runs `harness/frameworks.py`'s Lightning fit and Accelerate fit again and again, `--pause`
 seconds apart (a user reading the output; a run sent sooner waits for the imports, then starts
 after them). Each run is labelled by whether the run before it made the next one's imports

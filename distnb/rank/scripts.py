@@ -46,11 +46,12 @@ def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
             f"no file {path} on this rank's host ({os.uname().nodename}): %dist_run needs the "
             "script at the same path on every host"
         ) from None
-    ready = ahead.take(path, source, argv, cwd)
-    if ready is None:
+    taken = ahead.take(path, source, argv, cwd)
+    ready = None if taken is None else taken[0]
+    if taken is None:
         module, code = asmain.main_module(path), asmain.compiled(source, path)
     else:  # the script's imports are made: the rest of it runs from where they left
-        module, code = ready.module, ready.rest
+        module, code = taken[0].module, taken[1]
     _tracebacks_from(path)
     callsite.set_user_paths(script_paths(path))
     checked.forget_groups()  # collectives count from #0 in each run, as in a new process group
@@ -67,7 +68,7 @@ def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
             raise ScriptExit(_exit_message(argv[0] if argv else path, exc.code)) from None
     finally:
         callsite.set_user_paths(())
-        ahead.when_idle(path, source, argv, cwd)
+        ahead.when_idle(path, argv, cwd)
 
 
 def _exit_message(name: str, code: Any) -> str:

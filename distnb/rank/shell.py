@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import linecache
 import sys
+import time
 import warnings
 from contextlib import AbstractContextManager, suppress
 from typing import Any
@@ -30,7 +31,7 @@ from distnb.rank import checked, debug
 from distnb.rank.world import World
 from distnb.records.cell import RankSpec
 
-__all__ = ["bind", "cell_of_file", "in_cell", "namespace", "unbind"]
+__all__ = ["bind", "cell_of_file", "namespace", "quiet_s", "unbind"]
 
 # `unchecked()` blocks opened for a cell run with checks off, closed when it ends.
 _cell_unchecked: list[AbstractContextManager[None]] = []
@@ -41,8 +42,9 @@ _shell: Any = None
 # The rank's default group (and through it the control plane's store) while the shell is bound.
 _world: World | None = None
 
-# Whether a cell runs now (from its pre_run_cell to its post_run_cell).
+# Whether a cell runs now (from its pre_run_cell to its post_run_cell), and when the last ended.
 _cell_running = False
+_cell_ended = time.monotonic()
 
 # IPython's `sys.ps1` and `sys.ps2`, taken away while the shell is bound.
 _prompts: dict[str, Any] = {}
@@ -124,9 +126,10 @@ def unbind() -> None:
     _world = None
 
 
-def in_cell() -> bool:
-    """Whether a cell runs now: the event loop runs other work while a cell awaits."""
-    return _cell_running
+def quiet_s() -> float | None:
+    """How long since the last cell ended; None while one runs (the event loop runs other work
+    while a cell awaits)."""
+    return None if _cell_running else time.monotonic() - _cell_ended
 
 
 def _pre_run_cell(info: Any) -> None:
@@ -149,8 +152,8 @@ def _pre_run_cell(info: Any) -> None:
 
 
 def _post_run_cell(result: Any) -> None:
-    global _cell_running
-    _cell_running = False
+    global _cell_running, _cell_ended
+    _cell_running, _cell_ended = False, time.monotonic()
     debug.end_run(result.error_in_exec)
     while _cell_unchecked:
         _cell_unchecked.pop().__exit__(None, None, None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distnb.rank import ahead
+from distnb.rank import ahead, asmain
 
 SCRIPT = '''\
 """A script."""
@@ -34,7 +34,7 @@ def test_the_leading_imports_are_split_from_the_rest_which_runs_as_the_file(
     path = str(tmp_path / "script.py")
     parts = ahead._split(SCRIPT.encode(), path)
     assert parts is not None
-    imports, rest = parts
+    imports, rest = (asmain.compiled(part, path) for part in parts)
     names: dict[str, object] = {"__name__": "__main__"}
     exec(imports, names)
     assert {"os", "Ordered"} <= names.keys() and "json" not in names and "SEEN" not in names

@@ -180,16 +180,40 @@ def _collect_when_idle() -> None:
     loop: it runs once the reply and the idle status are sent, or after the next request if one
     is already queued. Without a loop (the runtime outside ipyparallel), or with the collector
     off, the collector is left to itself."""
+    global _collection
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    loop.call_later(IDLE_S, _collect)
+    if _collection is not None:
+        _collection.cancel()
+    _collection = loop.call_later(IDLE_S, collect)
+
+
+def postpone_collection() -> bool:
+    """Take back the collection once idle, if one waits: for work that runs in the idle time
+    first and then `collect()`s (`distnb.rank.ahead`: what it allocates then is counted among
+    the old objects, not set off by the next run). Whether one waited."""
+    global _collection
+    if _collection is None:
+        return False
+    _collection.cancel()
+    _collection = None
+    return True
+
+
+def collect() -> None:
+    global _collection
+    _collection = None
+    if gc.isenabled():  # a user's gc.disable() holds for distnb too
+        _collect()
 
 
 def _collect() -> None:
-    if gc.isenabled():  # a user's gc.disable() holds for distnb too
-        gc.collect()
+    gc.collect()
+
+
+_collection: asyncio.TimerHandle | None = None  # the collection once idle, while it waits
 
 
 def _is_extension(module: object) -> bool:

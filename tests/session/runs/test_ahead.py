@@ -72,42 +72,46 @@ def script(tmp_path: Path) -> Path:
     return tmp_path / "script.py"
 
 
-def test_the_next_run_starts_after_imports_made_while_the_ranks_waited(
+def test_a_script_run_again_starts_after_imports_made_while_the_ranks_waited(
     session: Session, script: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    session.run_script(str(script), "a")
-    imports(script.parent, 2)  # the run's, and one made once it had replied
+    for _ in range(2):  # a script run again is made ahead from then on
+        session.run_script(str(script), "a")
+    imports(script.parent, 3)  # the two runs', and one made once the second had replied
     cells = session.run(
         "import os, sys\n"
         "print('helper' in sys.modules, hasattr(torch.compile, 'depth'),\n"
         "      'SET_BY_HELPER' in os.environ)"
     )
     assert cells.stdout(0) == cells.stdout(1) == "False False False\n"  # the cells see none of it
+    script.write_text(SCRIPT.replace("run sees", "edited, sees"))  # its imports unchanged
     capsys.readouterr()
     sent = time.time()
     session.run_script(str(script), "a")
     out = capsys.readouterr().out
     # what the import printed, the variable it set, its one wrapper, its atexit handler: as a
     # torchrun worker's run of the script shows them
-    assert "[ranks 0-1] helper imported with ['a']\n[ranks 0-1] run sees 1 1 1\n" in out, out
+    assert "[ranks 0-1] helper imported with ['a']\n[ranks 0-1] edited, sees 1 1 1\n" in out, out
     assert out.count("helper exits") == 1, out
-    for rank, made in enumerate(imports(script.parent, 3)):
-        assert made[1][0] < sent  # made before the run was sent
+    for rank, made in enumerate(imports(script.parent, 4)):
+        assert made[2][0] < sent  # made before the run was sent
         ended = float((script.parent / "notes" / f"ended{rank}").read_text())
-        assert made[2][0] > ended  # and the run imported nothing: the next is made after it
+        assert made[3][0] > ended  # and the run imported nothing: the next is made after it
 
 
 def test_what_the_imports_saw_changing_makes_the_run_import_them_itself(
     session: Session, script: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    session.run_script(str(script), "a")
-    imports(script.parent, 2)
+    for _ in range(2):
+        session.run_script(str(script), "a")
+    imports(script.parent, 3)
     capsys.readouterr()
     session.run_script(str(script), "b")  # other arguments: made for 'a', imported for 'b'
     out = capsys.readouterr().out
     assert "[ranks 0-1] helper imported with ['b']\n[ranks 0-1] run sees 1 1 1\n" in out, out
     assert out.count("helper exits") == 1, out  # what was made for 'a' ended unseen
-    imports(script.parent, 4)
+    session.run_script(str(script), "b")
+    imports(script.parent, 6)  # 'b' made ahead
     (script.parent / "helper.py").write_text(HELPER.replace("VALUE = 1", "VALUE = 22"))
     session.run_script(str(script), "b")  # an edited helper
     assert "[ranks 0-1] run sees 22 1 1\n" in capsys.readouterr().out
@@ -125,8 +129,9 @@ def test_imports_that_make_a_collective_are_left_to_the_run(
         "dist.barrier()  # every rank's import meets its peers'\n"
     )
     (tmp_path / "script.py").write_text("import helper\n")
-    session.run_script(str(tmp_path / "script.py"))
-    imports(tmp_path, 2)  # the run's import, and one tried once it had replied
+    for _ in range(2):
+        session.run_script(str(tmp_path / "script.py"))
+    imports(tmp_path, 3)  # the runs' imports, and one tried once the second had replied
     waiting = session.run("import distnb.rank.ahead as ahead\nahead._ready is None")
     assert waiting.result(0) == waiting.result(1) == "True"  # its barrier refused it
     session.run_script(str(tmp_path / "script.py"))
