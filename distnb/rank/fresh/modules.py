@@ -130,11 +130,13 @@ class ModulesPart:
 
     def _leaving(self, keep: Mapping[str, Any]) -> list[str]:
         """The modules loaded that are neither `keep`'s nor the process's."""
-        staying = self._staying
+        staying, loaded = self._staying, sys.modules
+        # names, not (name, module) pairs: thousands of new tuples would set off the full
+        # collection the run's imports made due, here rather than once the rank is idle
         new = [
             name
-            for name, module in list(sys.modules.items())
-            if keep.get(name, _ABSENT) is not module and name not in staying
+            for name in list(loaded)
+            if keep.get(name, _ABSENT) is not loaded.get(name) and name not in staying
         ]
         self._note_compiled(new)
         leaving = []
