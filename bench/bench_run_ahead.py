@@ -18,17 +18,15 @@ and on the full collection after them, while it waited.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+from chained import chained_runs
 from results import saved
 
 import distnb
@@ -75,24 +73,14 @@ def main() -> None:
         s = distnb.start(2, progress=False)
         try:
             s.run(SETUP)
-            order = [LABELS[(r + i) % 3] for r in range(args.rounds) for i in range(3)]
             for framework, script in paths.items():
-                # a run's own label says what it does at its end; it is timed under the label of
-                # the run before it. The first run imports what every run keeps, the second is
-                # timed under none.
-                for k, label in enumerate([LABELS[0], *order, LABELS[0]]):
-                    s.run(SWITCH.format(on=label != LABELS[1]))
-                    time.sleep(args.pause)
-                    quiet = io.StringIO()  # the ranks' output, shown as in a notebook
-                    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                        started = time.perf_counter()
-                        s.run_script(str(script))
-                        wall = time.perf_counter() - started
-                        time.sleep(args.pause)  # what the rank does once idle is over
-                        ahead_s, collection_s = s.run(READ, ranks=[0]).stdout(0).split()
-                    if k >= 2:
-                        took[framework, order[k - 2]].append(wall)
-                    if label != LABELS[1] and k >= 1:
+                for run in chained_runs(
+                    s, str(script), LABELS, args.rounds, args.pause, SWITCH, READ
+                ):
+                    if run.timed_under is not None:
+                        took[framework, run.timed_under].append(run.wall_s)
+                    if run.label != LABELS[1] and run.timed_under is not None:
+                        ahead_s, collection_s = run.read.split()
                         idle[framework].append((float(ahead_s), float(collection_s)))
         finally:
             s.stop()

@@ -4,7 +4,8 @@
 
 A run's modules, taken out at its end, are garbage that only a full collection frees
 (`distnb.rank.fresh.modules`); the rank makes it once the run has replied and it is idle. Without
-it, the imports of the next run set one off. One warm 2-rank session runs
+it, the imports of the next run set one off. Nothing is made ahead here (`distnb.rank.ahead`):
+each run imports Lightning, as a script run once does. One warm 2-rank session runs
 `harness/frameworks.py`'s Lightning fit again and again, `--pause` seconds apart (a user reading
 the output; a run sent within 0.05 s of the last one's reply waits for the collection instead).
 Each run is labelled by whether the run before it collected once idle: as shipped, or not (a
@@ -18,26 +19,27 @@ collection once idle.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+from chained import chained_runs
 from results import saved
 
 import distnb
 from harness.frameworks import CASES
 
 # Rank-side: the switch, and the full collections timed (`during` the run, `idle` after it).
+# Each run imports Lightning itself: the script run again gets no imports made ahead
+# (`distnb.rank.ahead`, measured by bench_run_ahead.py), which would leave it nothing to import.
 SETUP = """\
 import gc as _gc, time as _time
-import distnb.rank.fresh.modules as _modules
+import distnb.rank.ahead as _ahead, distnb.rank.fresh.modules as _modules
+_ahead.when_idle = lambda *args: None
 _shipped = _modules._collect
 _full = {"during": [], "idle": []}
 _started = []
@@ -79,23 +81,11 @@ def main() -> None:
         s = distnb.start(2, progress=False)
         try:
             s.run(SETUP)
-            order = [LABELS[(r + i) % 3] for r in range(args.rounds) for i in range(3)]
-            # a run's own label says what it does at its end; it is timed under the label of the
-            # run before it. The first run imports what every run keeps, the second is timed
-            # under none.
-            for k, label in enumerate([LABELS[0], *order, LABELS[0]]):
-                s.run(SWITCH.format(on=label != LABELS[1]))
-                time.sleep(args.pause)
-                quiet = io.StringIO()  # the ranks' output, shown as in a notebook
-                with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                    started = time.perf_counter()
-                    s.run_script(str(script))
-                    wall = time.perf_counter() - started
-                    time.sleep(args.pause)  # the collection once idle, if any, is over
-                    count, seconds, *idled = s.run(READ, ranks=[0]).stdout(0).split()
-                if k >= 2:
-                    took[order[k - 2]].append(wall)
-                    during[order[k - 2]].append((int(count), float(seconds)))
+            for run in chained_runs(s, str(script), LABELS, args.rounds, args.pause, SWITCH, READ):
+                count, spent, *idled = run.read.split()
+                if run.timed_under is not None:
+                    took[run.timed_under].append(run.wall_s)
+                    during[run.timed_under].append((int(count), float(spent)))
                 idle += [float(x) for x in idled]
         finally:
             s.stop()
