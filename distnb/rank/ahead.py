@@ -138,7 +138,8 @@ def _when_quiet(key: Key) -> None:
         _schedule(AHEAD_S - (quiet or 0.0), key)
         return
     try:
-        _make(*key)
+        if key == _last:  # no other script ran meanwhile
+            _make(*key)
     finally:
         if _collection_owed:
             _collection_owed = False

@@ -56,6 +56,7 @@ _EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 _ROOTS = ("distnb", "torch", "ipyparallel", "ipykernel")
 _ABSENT = object()
 IDLE_S = 0.05  # from a run's end to its modules' collection: its reply is out by then
+_collection: asyncio.TimerHandle | None = None  # the collection once idle, while it waits
 
 
 class ModulesPart:
@@ -205,6 +206,7 @@ def postpone_collection() -> bool:
 
 
 def collect() -> None:
+    """The collection once idle, now."""
     global _collection
     _collection = None
     if gc.isenabled():  # a user's gc.disable() holds for distnb too
@@ -212,10 +214,7 @@ def collect() -> None:
 
 
 def _collect() -> None:
-    gc.collect()
-
-
-_collection: asyncio.TimerHandle | None = None  # the collection once idle, while it waits
+    gc.collect()  # apart: the benches time it, or switch it off
 
 
 def _is_extension(module: object) -> bool:
