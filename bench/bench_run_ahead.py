@@ -4,10 +4,10 @@
 
 Once a script run again has replied and no cell has come for 0.1 s, each rank runs the script's
 leading imports as the next run would start them, and that run starts after them
-(`distnb.rank.ahead`). One warm 2-rank session
-runs `harness/frameworks.py`'s Lightning fit and Accelerate fit again and again, `--pause`
-seconds apart (a user reading the output; a run sent sooner waits for the imports, then starts
-after them). Each run is labelled by whether the run before it made the next one's imports
+(`distnb.rank.ahead`). One warm 2-rank session runs `harness/frameworks.py`'s Lightning fit,
+transformers Trainer's fit and Accelerate's fit again and again, `--pause` seconds apart (a
+user reading the output; a run sent sooner waits for the imports, then starts after them).
+Each run is labelled by whether the run before it made the next one's imports
 ahead: as shipped, or not (a private switch on the ranks, for this bench only), with a second
 as-shipped label as the control; each round has one run of each label for each script, in an
 order that rotates from round to round. Per label and script: the run's wall time (the median
@@ -55,7 +55,11 @@ print(sum(_idle["ahead"]), sum(_idle["collection"]))
 _idle["ahead"].clear(); _idle["collection"].clear()
 """
 LABELS = ("as shipped", "nothing made ahead", "as shipped (control)")
-SCRIPTS = {"Lightning": "lightning_fit.py", "Accelerate": "accelerate_fit.py"}
+SCRIPTS = {
+    "Lightning": "lightning_fit.py",
+    "Trainer": "trainer_fit.py",
+    "Accelerate": "accelerate_fit.py",
+}
 
 
 def main() -> None:
