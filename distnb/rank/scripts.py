@@ -47,11 +47,11 @@ def run_main(path: str, argv: Sequence[str], cwd: str | None = None) -> None:
             "script at the same path on every host"
         ) from None
     taken = ahead.take(path, source, argv, cwd)
-    ready = None if taken is None else taken[0]
     if taken is None:
-        module, code = asmain.main_module(path), asmain.compiled(source, path)
+        ready, module, code = None, asmain.main_module(path), asmain.compiled(source, path)
     else:  # the script's imports are made: the rest of it runs from where they left
-        module, code = taken[0].module, taken[1]
+        ready, code = taken
+        module = ready.module
     _tracebacks_from(path)
     callsite.set_user_paths(script_paths(path))
     checked.forget_groups()  # collectives count from #0 in each run, as in a new process group

@@ -31,7 +31,7 @@ class NotebookPart:
     """`sys.ps1`/`ps2`, IPython's builtins, Python's `exit`/`quit`, IPython's current shell."""
 
     name = "notebook's signs"
-    carried = False  # a run starts from the cells' (`reset.Part`)
+    carried = False  # a run starts with the signs gone, whatever it is given (`reset.Part`)
 
     def capture(self) -> tuple[dict[str, Any], dict[str, Any], list[tuple[type, Any]]]:
         prompts = {name: getattr(sys, name) for name in ("ps1", "ps2") if hasattr(sys, name)}
